@@ -1,0 +1,1 @@
+"""``karotte create-env``, ``karotte templates list``, ``karotte update``."""

@@ -1,0 +1,1 @@
+"""``karotte models list`` (the model catalog)."""

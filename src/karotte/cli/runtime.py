@@ -1,0 +1,1 @@
+"""``karotte build``, ``karotte base``, ``karotte clean``."""

@@ -1,0 +1,69 @@
+"""Entry point of the harness: build the pieces for one run, run it, always write the transcript.
+
+Used by ``karotte run --runtime local`` on the host (no isolation) and by
+``karotte run --no-containerized`` inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Literal
+
+from karotte.config import EvaluationRunConfig
+from karotte.console import EventPrinter
+from karotte.discovery import fake_model_script, find_task
+from karotte.errors import ErrorKind, KarotteError
+from karotte.events import ErrorOccurred, TaskCompleted
+from karotte.sandbox.harness import run_task
+from karotte.sandbox.model_client import FakeModelClient, ModelClient
+from karotte.sandbox.transcript import EventRecorder, EventSink, jsonl_sink
+
+EventFormat = Literal["rich", "jsonl", "none"]
+
+
+def make_model_client(config: EvaluationRunConfig) -> ModelClient:
+    if config.use_fake_model:
+        return FakeModelClient(fake_model_script(config))
+    from karotte.sandbox.litellm_client import LiteLLMClient
+
+    return LiteLLMClient(config)
+
+
+def run_harness(config: EvaluationRunConfig, events: EventFormat = "rich",
+                sandbox: str | None = None) -> TaskCompleted:
+    """Run the configured task in this process and write ``config.transcript_file``."""
+    sinks: list[EventSink] = []
+    if events == "rich":
+        sinks.append(EventPrinter())
+    elif events == "jsonl":
+        sinks.append(jsonl_sink(sys.stdout))
+    recorder = EventRecorder(config.run_id, config.task_id, config.model, sinks)
+    try:
+        return asyncio.run(_run(config, recorder, sandbox))
+    finally:
+        recorder.write(config.transcript_file)
+
+
+async def _run(config: EvaluationRunConfig, recorder: EventRecorder,
+               sandbox: str | None) -> TaskCompleted:
+    from karotte.sandbox.confinement.custody import collect_submission_async
+    from karotte.sandbox.tools import open_toolbox
+
+    try:
+        task_cls = find_task(config.task_id)
+        model = make_model_client(config)
+        config.resolved_api_key()  # fail early on an unset $VAR
+    except KarotteError as exc:
+        recorder.emit(ErrorOccurred(kind=exc.kind, message=str(exc)))
+        from karotte.events import TokenUsage
+
+        event = TaskCompleted(status="error", error_kind=exc.kind, scores=[], score=0.0,
+                              duration_s=0.0, usage=TokenUsage())
+        recorder.emit(event)
+        return event
+    return await run_task(config, task_cls, recorder, model, open_toolbox,
+                          collect_submission_async, sandbox=sandbox)
+
+
+__all__ = ["ErrorKind", "run_harness"]

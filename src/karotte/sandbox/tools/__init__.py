@@ -1,0 +1,1 @@
+"""Tools served to the agent over MCP. (Being implemented.)"""
