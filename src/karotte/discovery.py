@@ -46,7 +46,9 @@ def load_tasks(package: str = ENVIRONMENT_PACKAGE) -> dict[str, type[Task]]:
     tasks: dict[str, type[Task]] = {}
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
-            raise TaskLoadError(f"{package}.get_tasks() returned {cls!r}, which is not a Task class")
+            raise TaskLoadError(
+                f"{package}.get_tasks() returned {cls!r}, which is not a Task class"
+            )
         task_id = getattr(cls, "id", None)
         if not isinstance(task_id, str):
             raise TaskLoadError(f"task class {cls.__qualname__} has no string `id`")
@@ -67,7 +69,9 @@ def find_task(task_id: str, package: str = ENVIRONMENT_PACKAGE) -> type[Task]:
     return tasks[task_id]
 
 
-def fake_model_script(config: EvaluationRunConfig, package: str = ENVIRONMENT_PACKAGE) -> list[Message]:
+def fake_model_script(
+    config: EvaluationRunConfig, package: str = ENVIRONMENT_PACKAGE
+) -> list[Message]:
     """The scripted messages of ``<package>.fake_model.get_messages(config)``."""
     try:
         module = importlib.import_module(f"{package}.fake_model")
@@ -79,6 +83,8 @@ def fake_model_script(config: EvaluationRunConfig, package: str = ENVIRONMENT_PA
     if not callable(get_messages):
         raise TaskLoadError(f"`{package}.fake_model` has no get_messages(config) function")
     try:
-        return [m if isinstance(m, Message) else Message.model_validate(m) for m in get_messages(config)]
+        return [
+            m if isinstance(m, Message) else Message.model_validate(m) for m in get_messages(config)
+        ]
     except Exception as exc:
         raise TaskLoadError(f"{package}.fake_model.get_messages() failed: {exc}") from exc

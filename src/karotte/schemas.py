@@ -26,9 +26,7 @@ class Function(BaseModel):
         except json.JSONDecodeError as exc:
             raise ValueError(f"tool arguments are not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
-            raise ValueError(
-                f"tool arguments must be a JSON object, got {type(value).__name__}"
-            )
+            raise ValueError(f"tool arguments must be a JSON object, got {type(value).__name__}")
         return value
 
 

@@ -19,8 +19,12 @@ LOCAL_WARNING = (
 
 
 def _build_config(
-    config_path: Path | None, task: str | None, model: str | None, fake_model: bool,
-    api_key: str | None, transcript: Path | None,
+    config_path: Path | None,
+    task: str | None,
+    model: str | None,
+    fake_model: bool,
+    api_key: str | None,
+    transcript: Path | None,
 ) -> EvaluationRunConfig:
     if config_path is not None:
         config = EvaluationRunConfig.load(config_path)
@@ -35,12 +39,17 @@ def _build_config(
             overrides["model_api_key"] = api_key
         if transcript:
             overrides["transcript_file"] = transcript
-        return EvaluationRunConfig.from_dict({**config.model_dump(), **overrides},
-                                             source=str(config_path))
+        return EvaluationRunConfig.from_dict(
+            {**config.model_dump(), **overrides}, source=str(config_path)
+        )
     if not task:
-        raise ConfigError("give --config run_config.json, or --task ID (and --model or --fake-model)")
+        raise ConfigError(
+            "give --config run_config.json, or --task ID (and --model or --fake-model)"
+        )
     if not model and not fake_model:
-        raise ConfigError("give --model PROVIDER/NAME, or --fake-model to replay the scripted model")
+        raise ConfigError(
+            "give --model PROVIDER/NAME, or --fake-model to replay the scripted model"
+        )
     data: dict[str, object] = {"task_id": task, "use_fake_model": fake_model}
     if model:
         data["model"] = model
@@ -59,9 +68,12 @@ def run(
     fake_model: bool = typer.Option(False, "--fake-model", help="Replay the scripted fake model."),
     api_key: str | None = typer.Option(None, "--model-api-key", help="Key or $VAR reference."),
     transcript: Path | None = typer.Option(None, "--transcript", help="Transcript JSON path."),
-    runtime: str | None = typer.Option(None, "--runtime", "-r", help="Sandbox runtime (local = none)."),
+    runtime: str | None = typer.Option(
+        None, "--runtime", "-r", help="Sandbox runtime (local = none)."
+    ),
     no_containerized: bool = typer.Option(
-        False, "--no-containerized", help="Run the harness here (used inside the sandbox)."),
+        False, "--no-containerized", help="Run the harness here (used inside the sandbox)."
+    ),
     events: str = typer.Option("rich", "--events", help="Event output: rich, jsonl or none."),
 ) -> None:
     """Run a task: build the image, start a sandbox, drive the model, score, write the transcript."""
@@ -97,7 +109,8 @@ def create_run_config(
     if output.exists() and not force:
         raise fail(f"{output} exists; pass --force to overwrite it")
     with friendly_errors():
-        config = EvaluationRunConfig(task_id=task, model=model, model_api_key=api_key,
-                                     use_fake_model=fake_model)
+        config = EvaluationRunConfig(
+            task_id=task, model=model, model_api_key=api_key, use_fake_model=fake_model
+        )
         config.save(output)
     err_console.print(f"wrote {output}")

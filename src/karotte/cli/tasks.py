@@ -17,7 +17,9 @@ app.add_typer(tasks_app, name="tasks")
 
 
 @tasks_app.command("list")
-def list_tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def list_tasks(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
     """List the tasks of the installed environment."""
     with friendly_errors():
         tasks = load_tasks()
@@ -36,7 +38,10 @@ def list_tasks(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         return
     table = Table("id", "steps", "tools", "class")
     for row in rows:
-        table.add_row(str(row["id"]), str(row.get("steps", "-")),
-                      ", ".join(row.get("tools", [])) or str(row.get("error", "")),  # type: ignore[arg-type]
-                      str(row["class"]))
+        table.add_row(
+            str(row["id"]),
+            str(row.get("steps", "-")),
+            ", ".join(row.get("tools", [])) or str(row.get("error", "")),  # type: ignore[arg-type]
+            str(row["class"]),
+        )
     err_console.print(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -85,7 +86,9 @@ class ExecutableJudge(Judge):
             return _read_verdict(score_file, self.script.name)
 
 
-def _judge_environment(extra: Mapping[str, str], score_file: Path, copies: list[str]) -> dict[str, str]:
+def _judge_environment(
+    extra: Mapping[str, str], score_file: Path, copies: list[str]
+) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -141,10 +144,8 @@ async def _run_with_timeout(
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read_verdict(score_file: Path, script_name: str) -> Scoring:
@@ -152,9 +153,13 @@ def _read_verdict(score_file: Path, script_name: str) -> Scoring:
         raw = score_file.read_bytes()[: 1 << 20]
         data: Any = json.loads(raw)
     except FileNotFoundError as exc:
-        raise JudgeError(f"scoring script {script_name} wrote no verdict to $KAROTTE_SCORE_FILE") from exc
+        raise JudgeError(
+            f"scoring script {script_name} wrote no verdict to $KAROTTE_SCORE_FILE"
+        ) from exc
     except (OSError, ValueError) as exc:
-        raise JudgeError(f"scoring script {script_name} wrote an unreadable verdict: {exc}") from exc
+        raise JudgeError(
+            f"scoring script {script_name} wrote an unreadable verdict: {exc}"
+        ) from exc
     if not isinstance(data, dict):
         raise JudgeError(f"scoring script {script_name}: verdict must be a JSON object")
     if data.get("misbehavior"):

@@ -15,7 +15,9 @@ class Criterion(BaseModel):
 
 class RubricJudge(Judge):
     def __init__(self, criteria: list[str | Criterion], **kwargs: object) -> None:
-        self.criteria = [c if isinstance(c, Criterion) else Criterion(description=c) for c in criteria]
+        self.criteria = [
+            c if isinstance(c, Criterion) else Criterion(description=c) for c in criteria
+        ]
 
     async def score(self, context: JudgeContext) -> Scoring:
         raise JudgeError("RubricJudge is not implemented yet")

@@ -47,7 +47,9 @@ def parse_tool_call(call: ChatCompletionMessageToolCall) -> dict[str, Any] | Too
     try:
         return call.function.parsed_arguments()
     except ValueError as exc:
-        return ToolResult(output=f"Error: {exc}. Call the tool again with valid JSON.", is_error=True)
+        return ToolResult(
+            output=f"Error: {exc}. Call the tool again with valid JSON.", is_error=True
+        )
 
 
 def is_empty(message: Message) -> bool:
@@ -73,8 +75,14 @@ async def run_agent_step(
         turns += 1
         messages.append(reply.message)
         context_tokens = reply.usage.input_tokens + reply.usage.output_tokens if reply.usage else 0
-        emit(MessageAdded(step_index=step_index, message=reply.message, usage=reply.usage,
-                          model_latency_s=reply.latency_s))
+        emit(
+            MessageAdded(
+                step_index=step_index,
+                message=reply.message,
+                usage=reply.usage,
+                model_latency_s=reply.latency_s,
+            )
+        )
         if is_empty(reply.message):
             empty_turns += 1
             if empty_turns > limits.max_empty_turns:
@@ -90,18 +98,37 @@ async def run_agent_step(
 
 
 async def execute_tool_call(
-    tools: ToolBox, call: ChatCompletionMessageToolCall, step_index: int,
+    tools: ToolBox,
+    call: ChatCompletionMessageToolCall,
+    step_index: int,
     emit: Callable[[Event], None],
 ) -> Message:
     """Run one tool call, emitting started/completed events; returns the tool message."""
     arguments = parse_tool_call(call)
-    emit(ToolCallStarted(step_index=step_index, call_id=call.id, name=call.function.name,
-                         arguments=arguments if isinstance(arguments, dict) else call.function.arguments))
+    emit(
+        ToolCallStarted(
+            step_index=step_index,
+            call_id=call.id,
+            name=call.function.name,
+            arguments=arguments if isinstance(arguments, dict) else call.function.arguments,
+        )
+    )
     started = time.monotonic()
-    result = arguments if isinstance(arguments, ToolResult) else await tools.call(call.function.name, arguments)
-    emit(ToolCallCompleted(step_index=step_index, call_id=call.id, name=call.function.name,
-                           output=result.output, is_error=result.is_error,
-                           duration_s=time.monotonic() - started))
+    result = (
+        arguments
+        if isinstance(arguments, ToolResult)
+        else await tools.call(call.function.name, arguments)
+    )
+    emit(
+        ToolCallCompleted(
+            step_index=step_index,
+            call_id=call.id,
+            name=call.function.name,
+            output=result.output,
+            is_error=result.is_error,
+            duration_s=time.monotonic() - started,
+        )
+    )
     content: str | list[dict[str, Any]] = result.output
     if result.images:
         content = [{"type": "text", "text": result.output}] + [

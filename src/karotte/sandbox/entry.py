@@ -30,8 +30,9 @@ def make_model_client(config: EvaluationRunConfig) -> ModelClient:
     return LiteLLMClient(config)
 
 
-def run_harness(config: EvaluationRunConfig, events: EventFormat = "rich",
-                sandbox: str | None = None) -> TaskCompleted:
+def run_harness(
+    config: EvaluationRunConfig, events: EventFormat = "rich", sandbox: str | None = None
+) -> TaskCompleted:
     """Run the configured task in this process and write ``config.transcript_file``."""
     sinks: list[EventSink] = []
     if events == "rich":
@@ -45,8 +46,9 @@ def run_harness(config: EvaluationRunConfig, events: EventFormat = "rich",
         recorder.write(config.transcript_file)
 
 
-async def _run(config: EvaluationRunConfig, recorder: EventRecorder,
-               sandbox: str | None) -> TaskCompleted:
+async def _run(
+    config: EvaluationRunConfig, recorder: EventRecorder, sandbox: str | None
+) -> TaskCompleted:
     from karotte.sandbox.confinement.custody import collect_submission_async
     from karotte.sandbox.tools import open_toolbox
 
@@ -58,12 +60,19 @@ async def _run(config: EvaluationRunConfig, recorder: EventRecorder,
         recorder.emit(ErrorOccurred(kind=exc.kind, message=str(exc)))
         from karotte.events import TokenUsage
 
-        event = TaskCompleted(status="error", error_kind=exc.kind, scores=[], score=0.0,
-                              duration_s=0.0, usage=TokenUsage())
+        event = TaskCompleted(
+            status="error",
+            error_kind=exc.kind,
+            scores=[],
+            score=0.0,
+            duration_s=0.0,
+            usage=TokenUsage(),
+        )
         recorder.emit(event)
         return event
-    return await run_task(config, task_cls, recorder, model, open_toolbox,
-                          collect_submission_async, sandbox=sandbox)
+    return await run_task(
+        config, task_cls, recorder, model, open_toolbox, collect_submission_async, sandbox=sandbox
+    )
 
 
 __all__ = ["ErrorKind", "run_harness"]

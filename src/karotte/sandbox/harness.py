@@ -54,7 +54,9 @@ def _classify(exc: BaseException, default: ErrorKind) -> ErrorKind:
 
 
 async def _call_hook(
-    recorder: EventRecorder, hook: str, fn: Callable[[], dict[str, Any] | None],
+    recorder: EventRecorder,
+    hook: str,
+    fn: Callable[[], dict[str, Any] | None],
     step_index: int | None,
 ) -> None:
     try:
@@ -62,17 +64,25 @@ async def _call_hook(
     except StudentMisbehaviorError:
         raise
     except Exception as exc:
-        raise RunAborted(_classify(exc, ErrorKind.TASK),
-                         f"{hook} raised {type(exc).__name__}: {exc}", step_index) from exc
+        raise RunAborted(
+            _classify(exc, ErrorKind.TASK), f"{hook} raised {type(exc).__name__}: {exc}", step_index
+        ) from exc
     if result is not None and not isinstance(result, dict):
-        raise RunAborted(ErrorKind.TASK, f"{hook} must return a dict or None, got "
-                         f"{type(result).__name__}", step_index)
+        raise RunAborted(
+            ErrorKind.TASK,
+            f"{hook} must return a dict or None, got {type(result).__name__}",
+            step_index,
+        )
     recorder.emit(HookCompleted(hook=hook, step_index=step_index, result=result))  # type: ignore[arg-type]
 
 
 async def score_step(
-    config: EvaluationRunConfig, step: Step, index: int, messages: list[Message],
-    recorder: EventRecorder, custody: Custody,
+    config: EvaluationRunConfig,
+    step: Step,
+    index: int,
+    messages: list[Message],
+    recorder: EventRecorder,
+    custody: Custody,
 ) -> Scoring:
     """Custody → pre-scoring hook → judge. Misbehaviour anywhere gives 0 with the reason."""
     started = time.monotonic()
@@ -81,8 +91,9 @@ async def score_step(
         submissions = await custody(config, paths) if paths else {}
         await _call_hook(recorder, "pre_scoring_hook", step.pre_scoring_hook, index)
         judge = step.judge
-        context = JudgeContext(config=config, step_index=index, messages=messages,
-                               submissions=submissions)
+        context = JudgeContext(
+            config=config, step_index=index, messages=messages, submissions=submissions
+        )
         # The judge has its own timeouts (e.g. ExecutableJudge); this is the backstop.
         scoring = await asyncio.wait_for(judge.score(context), config.judge_timeout_s + 30)
     except StudentMisbehaviorError as exc:
@@ -90,14 +101,22 @@ async def score_step(
     except RunAborted:
         raise
     except TimeoutError as exc:
-        raise RunAborted(ErrorKind.JUDGE, f"judge timed out after {config.judge_timeout_s:g}s",
-                         index) from exc
+        raise RunAborted(
+            ErrorKind.JUDGE, f"judge timed out after {config.judge_timeout_s:g}s", index
+        ) from exc
     except Exception as exc:
-        raise RunAborted(_classify(exc, ErrorKind.JUDGE),
-                         f"scoring failed: {type(exc).__name__}: {exc}", index) from exc
-    recorder.emit(ScoringCompleted(step_index=index, score=scoring.score,
-                                   metadata=scoring.metadata, continue_task=scoring.continue_task,
-                                   duration_s=time.monotonic() - started))
+        raise RunAborted(
+            _classify(exc, ErrorKind.JUDGE), f"scoring failed: {type(exc).__name__}: {exc}", index
+        ) from exc
+    recorder.emit(
+        ScoringCompleted(
+            step_index=index,
+            score=scoring.score,
+            metadata=scoring.metadata,
+            continue_task=scoring.continue_task,
+            duration_s=time.monotonic() - started,
+        )
+    )
     return scoring
 
 
@@ -132,29 +151,55 @@ async def run_task(
                 system_prompt = effective_system_prompt(task)
                 tool_names = list(task.tools)
             except Exception as exc:
-                raise RunAborted(ErrorKind.TASK, f"loading task {config.task_id!r} failed: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+                raise RunAborted(
+                    ErrorKind.TASK,
+                    f"loading task {config.task_id!r} failed: {type(exc).__name__}: {exc}",
+                ) from exc
             scores = [None] * len(steps)
-            recorder.emit(TaskStarted(
-                run_id=config.run_id, task_id=config.task_id, model=config.model,
-                karotte_version=__version__, system_prompt=system_prompt, tools=tool_names,
-                step_count=len(steps), config=config.redacted(), sandbox=sandbox))
+            recorder.emit(
+                TaskStarted(
+                    run_id=config.run_id,
+                    task_id=config.task_id,
+                    model=config.model,
+                    karotte_version=__version__,
+                    system_prompt=system_prompt,
+                    tools=tool_names,
+                    step_count=len(steps),
+                    config=config.redacted(),
+                    sandbox=sandbox,
+                )
+            )
             if before_steps is not None:
                 await before_steps()
             await _call_hook(recorder, "pre_hook", task.pre_hook, None)
             messages = [Message(role="system", content=system_prompt)]
             async with open_tools(config, task) as tools:
                 for index, step in enumerate(steps):
-                    scoring = await _run_step(config, step, index, messages, tools, model,
-                                              recorder, custody, emit_and_count)
+                    scoring = await _run_step(
+                        config,
+                        step,
+                        index,
+                        messages,
+                        tools,
+                        model,
+                        recorder,
+                        custody,
+                        emit_and_count,
+                    )
                     scores[index] = scoring.score
                     misbehaved = misbehaved or "misbehavior" in scoring.metadata
                     if not scoring.continue_task:
                         break
     except RunAborted as exc:
         error = (exc.kind, exc.message)
-        recorder.emit(ErrorOccurred(kind=exc.kind, message=exc.message, step_index=exc.step_index,
-                                    traceback=traceback.format_exc()))
+        recorder.emit(
+            ErrorOccurred(
+                kind=exc.kind,
+                message=exc.message,
+                step_index=exc.step_index,
+                traceback=traceback.format_exc(),
+            )
+        )
     except TimeoutError:
         error = (ErrorKind.TIMEOUT, f"run exceeded task_time_limit_s={config.task_time_limit_s:g}")
         recorder.emit(ErrorOccurred(kind=ErrorKind.TIMEOUT, message=error[1]))
@@ -171,22 +216,32 @@ async def run_task(
 
 
 async def _run_step(
-    config: EvaluationRunConfig, step: Step, index: int, messages: list[Message], tools: ToolBox,
-    model: ModelClient, recorder: EventRecorder, custody: Custody, emit: Callable[[Any], None],
+    config: EvaluationRunConfig,
+    step: Step,
+    index: int,
+    messages: list[Message],
+    tools: ToolBox,
+    model: ModelClient,
+    recorder: EventRecorder,
+    custody: Custody,
+    emit: Callable[[Any], None],
 ) -> Scoring:
     step_started = time.monotonic()
     try:
         instructions = effective_instructions(step, index)
     except Exception as exc:
-        raise RunAborted(ErrorKind.TASK, f"step {index} instructions raised "
-                         f"{type(exc).__name__}: {exc}", index) from exc
+        raise RunAborted(
+            ErrorKind.TASK, f"step {index} instructions raised {type(exc).__name__}: {exc}", index
+        ) from exc
     recorder.emit(StepStarted(step_index=index, instructions=instructions))
     messages.append(Message(role="user", content=instructions))
     step_messages_from = len(messages) - 1
-    limits = StepLimits(max_turns=config.max_turns,
-                        deadline=time.monotonic() + config.step_time_limit_s,
-                        max_context_tokens=config.max_context_tokens,
-                        max_empty_turns=config.max_empty_turns)
+    limits = StepLimits(
+        max_turns=config.max_turns,
+        deadline=time.monotonic() + config.step_time_limit_s,
+        max_context_tokens=config.max_context_tokens,
+        max_empty_turns=config.max_empty_turns,
+    )
     try:
         # backstop: one tool call or model call can overrun the deadline by its own timeout
         grace = config.tool_timeout_s + 60
@@ -196,16 +251,30 @@ async def _run_step(
         stop_reason, turns = "time_limit", -1
     except KarotteError as exc:
         raise RunAborted(exc.kind, str(exc), index) from exc
-    scoring = await score_step(config, step, index, messages[step_messages_from:], recorder, custody)
+    scoring = await score_step(
+        config, step, index, messages[step_messages_from:], recorder, custody
+    )
     await _call_hook(recorder, "post_hook", step.post_hook, index)
-    recorder.emit(StepCompleted(step_index=index, stop_reason=stop_reason, score=scoring.score,
-                                turns=turns, duration_s=time.monotonic() - step_started))
+    recorder.emit(
+        StepCompleted(
+            step_index=index,
+            stop_reason=stop_reason,
+            score=scoring.score,
+            turns=turns,
+            duration_s=time.monotonic() - step_started,
+        )
+    )
     return scoring
 
 
 def _complete(
-    recorder: EventRecorder, config: EvaluationRunConfig, scores: list[float | None],
-    error: tuple[ErrorKind, str] | None, misbehaved: bool, started: float, usage: TokenUsage,
+    recorder: EventRecorder,
+    config: EvaluationRunConfig,
+    scores: list[float | None],
+    error: tuple[ErrorKind, str] | None,
+    misbehaved: bool,
+    started: float,
+    usage: TokenUsage,
 ) -> TaskCompleted:
     ran = [s for s in scores if s is not None]
     total = sum(ran) / len(scores) if scores else 0.0
@@ -217,7 +286,13 @@ def _complete(
     else:
         passed = bool(scores) and all(s is not None and s >= config.pass_threshold for s in scores)
         status, kind = ("passed" if passed else "failed"), None
-    event = TaskCompleted(status=status, error_kind=kind, scores=scores, score=total,
-                          duration_s=time.monotonic() - started, usage=usage)
+    event = TaskCompleted(
+        status=status,
+        error_kind=kind,
+        scores=scores,
+        score=total,
+        duration_s=time.monotonic() - started,
+        usage=usage,
+    )
     recorder.emit(event)
     return event

@@ -47,7 +47,9 @@ class FakeModelClient:
 
     async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
         if self._position >= len(self._script):
-            return ModelReply(message=Message(role="assistant", content="(fake model: script done)"))
+            return ModelReply(
+                message=Message(role="assistant", content="(fake model: script done)")
+            )
         message = self._script[self._position]
         self._position += 1
         return ModelReply(message=message.model_copy(deep=True), usage=TokenUsage())
