@@ -104,7 +104,7 @@ def _judge_environment(
 
 
 async def _run_with_timeout(
-    argv: list[str], env: dict[str, str], cwd: Path | None, timeout: float
+    argv: list[str], env: dict[str, str], cwd: Path | None, timeout_s: float
 ) -> tuple[int | None, str]:
     """Run ``argv`` in its own session; on timeout kill the whole group. Returns (rc, tail)."""
     proc = await asyncio.create_subprocess_exec(
@@ -128,7 +128,7 @@ async def _run_with_timeout(
 
     reader = asyncio.ensure_future(drain())
     try:
-        await asyncio.wait_for(proc.wait(), timeout)
+        await asyncio.wait_for(proc.wait(), timeout_s)
         returncode: int | None = proc.returncode
     except TimeoutError:
         returncode = None
