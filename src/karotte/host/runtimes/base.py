@@ -61,6 +61,14 @@ class SandboxSpec(BaseModel):
     cpus: float | None = None
     pids_limit: int | None = None
     disk_bytes: int | None = None
+    # confinement of the sandbox itself (every runtime drops all other capabilities)
+    cap_add: list[str] = Field(default_factory=list)
+    devices: list[str] = Field(default_factory=list)
+    network: str = "none"
+    init: bool = False  # a tiny init as PID 1 (reaps zombies, forwards signals)
+    tmpfs: dict[str, int] = Field(default_factory=dict)  # mount point -> size in bytes
+    cgroup_parent: str | None = None
+    workdir: str | None = None
 
 
 class Sandbox(BaseModel):
@@ -128,8 +136,11 @@ class Runtime(abc.ABC):
     ) -> ExecResult: ...
 
     @abc.abstractmethod
-    def stream_output(self, sandbox: Sandbox) -> Iterator[bytes]:
-        """The sandbox command's stdout, line by line, until it exits."""
+    def stream_output(
+        self, sandbox: Sandbox, on_stderr: OutputCallback | None = None
+    ) -> Iterator[bytes]:
+        """The sandbox command's stdout, line by line, until it exits (stderr lines go to
+        ``on_stderr``)."""
 
     @abc.abstractmethod
     def wait(self, sandbox: Sandbox, timeout_s: float | None = None) -> int: ...
