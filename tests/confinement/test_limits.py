@@ -1,0 +1,167 @@
+"""Resource limits, really hit by a student process on this host (as root, throwaway uid)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from student_helpers import as_student, spawn_student, wait_until
+
+from karotte.sandbox.confinement.identity import StudentIdentity
+from karotte.sandbox.confinement.limits import (
+    AppliedLimits,
+    LimitsOptions,
+    apply_limits,
+    student_memory_bytes,
+    sandbox_memory_bytes,
+)
+from karotte.sandbox.confinement.processes import processes_of_uid
+
+pytestmark = pytest.mark.requires_root
+
+MIB = 1 << 20
+STUDENT_PY = "/usr/bin/python3"  # the student cannot run the root venv
+
+
+@pytest.fixture
+def limits(student: StudentIdentity) -> AppliedLimits:
+    applied = apply_limits(student, LimitsOptions(memory_bytes=128 * MIB, pids=64))
+    yield applied  # type: ignore[misc]
+    applied.close()
+    if applied.cgroup is not None and applied.cgroup.created:
+        for path in applied.cgroup._dirs():
+            assert not path.exists(), f"cgroup {path} not removed"
+
+
+def _require_cgroup(applied: AppliedLimits, controller: str) -> None:
+    if applied.cgroup is None or controller not in applied.cgroup.controllers():
+        pytest.skip(f"no writable {controller} cgroup here: {applied.report.cgroup_source}")
+
+
+def test_report_names_the_mechanism_of_each_limit(limits: AppliedLimits) -> None:
+    report = limits.report
+    payload = report.event_payload()
+    assert payload["student_uid"] == limits.identity.uid
+    assert report.memory.value == 128 * MIB
+    if limits.cgroup is not None and "memory" in limits.cgroup.controllers():
+        assert report.memory.mechanism.startswith("cgroup")
+        assert report.watchdog == [] or "memory" not in report.watchdog
+    else:
+        assert "watchdog" in report.memory.mechanism
+    assert "RLIMIT_NPROC" in report.pids.mechanism
+    assert report.core_dumps.mechanism == "RLIMIT_CORE"
+
+
+def test_student_memory_keeps_a_gib_for_the_harness() -> None:
+    assert student_memory_bytes() <= max(sandbox_memory_bytes() - (1 << 30), sandbox_memory_bytes() // 2)
+
+
+def test_memory_hog_is_killed_and_the_harness_survives(
+    student: StudentIdentity, limits: AppliedLimits
+) -> None:
+    _require_cgroup(limits, "memory")
+    hog = (
+        f"{STUDENT_PY} -S -c \"b=[]\n"
+        "while True: b.append(bytearray(8 << 20)); b[-1][::4096]=b'x'*(len(b[-1])//4096)\""
+    )
+    started = time.monotonic()
+    result = as_student(student, hog, before=limits.preexec, timeout=60)
+    assert result.returncode in (-9, 137), (result.returncode, result.stderr[-500:])
+    assert time.monotonic() - started < 30
+    assert limits.cgroup is not None and limits.cgroup.oom_kills() >= 1
+    assert os.path.exists(f"/proc/{os.getpid()}")  # we are alive
+
+
+def test_tmpfs_files_count_against_the_student_memory(
+    student: StudentIdentity, limits: AppliedLimits
+) -> None:
+    _require_cgroup(limits, "memory")
+    target = f"/dev/shm/karotte-test-{student.uid}"
+    try:
+        result = as_student(
+            student,
+            f"dd if=/dev/zero of={target} bs=1M count=400 2>&1; echo rc=$?",
+            before=limits.preexec,
+            timeout=60,
+        )
+        written = os.path.getsize(target) if os.path.exists(target) else 0
+        # the write fails (ENOSPC/ENOMEM) or the writer is OOM-killed near the 128 MiB limit
+        assert written <= 140 * MIB, (written, result.stdout[-300:], result.returncode)
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+
+
+def test_fork_bomb_is_stopped_by_the_pids_limit(
+    student: StudentIdentity, limits: AppliedLimits
+) -> None:
+    _require_cgroup(limits, "pids")
+    # a bounded bomb: each process forks until fork fails; we stop it after a few seconds
+    bomb = spawn_student(
+        student,
+        f"{STUDENT_PY} -S -c 'import os,time\nwhile True:\n try: os.fork()\n except OSError: time.sleep(0.01)'",
+        before=limits.preexec,
+    )
+    try:
+        time.sleep(3)
+        count = len(processes_of_uid(student.uid))
+        assert count <= 64, f"{count} processes despite pids limit 64"
+        assert count > 8, "the bomb did not start"
+        assert limits.cgroup is not None and len(limits.cgroup.pids()) <= 64
+    finally:
+        bomb.kill()
+        limits.cgroup.kill_all() if limits.cgroup else None
+        assert wait_until(lambda: not processes_of_uid(student.uid), 10)
+
+
+def test_rlimits_and_oom_score_adj_reach_the_student(
+    student: StudentIdentity, limits: AppliedLimits
+) -> None:
+    result = as_student(
+        student,
+        "cat /proc/self/oom_score_adj; "
+        f"{STUDENT_PY} -S -c 'import resource as r; "
+        "print(*(r.getrlimit(x)[0] for x in (r.RLIMIT_NPROC, r.RLIMIT_CORE, r.RLIMIT_FSIZE)))'",
+        before=limits.preexec,
+    )
+    lines = result.stdout.split()
+    assert lines[0] == "1000"
+    assert lines[1] == "64"
+    assert lines[2] == "0"
+    assert int(lines[3]) > 0
+
+
+def test_watchdog_kills_when_no_kernel_limit(student: StudentIdentity, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # simulate a sandbox without any writable cgroup: the watchdog must take over
+    import karotte.sandbox.confinement.limits as limits_module
+
+    monkeypatch.setattr(limits_module, "open_student_cgroup", lambda name: (None, "none (test)"))
+    applied = apply_limits(
+        student, LimitsOptions(memory_bytes=64 * MIB, pids=64, watchdog_interval_s=0.1)
+    )
+    try:
+        assert "watchdog" in applied.report.memory.mechanism
+        hog = spawn_student(
+            student,
+            f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(len(b)//4096); "
+            "import time; time.sleep(60)\"",
+        )
+        assert wait_until(lambda: hog.poll() is not None, 20), "watchdog did not kill the hog"
+        assert hog.returncode == -9
+        assert any("resident memory" in k for k in applied.watchdog_kills())
+    finally:
+        applied.close()
+
+
+def test_processes_outside_the_student_are_untouched(student: StudentIdentity) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        applied = apply_limits(student, LimitsOptions(memory_bytes=64 * MIB, pids=16))
+        applied.close()
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
