@@ -1,0 +1,1 @@
+"""Data files shipped with Karotte (the model catalog)."""
