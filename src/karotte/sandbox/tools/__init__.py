@@ -1,1 +1,44 @@
-"""Tools served to the agent over MCP. (Being implemented.)"""
+"""Tools served to the agent over MCP.
+
+:func:`open_toolbox` binds the task's tools (built-in and custom, see :mod:`.registry`), serves
+them with an MCP server (:mod:`.server`) and yields a :class:`~.base.ToolBox` speaking MCP to it
+(:mod:`.client`). The MCP SDK is imported lazily: it is slow to import and only the harness
+needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from karotte.sandbox.tools.base import ToolBox, ToolResult
+
+if TYPE_CHECKING:
+    from karotte.config import EvaluationRunConfig
+    from karotte.task import Task
+
+CLIENT_TIMEOUT_GRACE_S = 30.0
+
+
+@asynccontextmanager
+async def open_toolbox(config: EvaluationRunConfig, task: Task) -> AsyncIterator[ToolBox]:
+    """The task's tools as a ToolBox, served over MCP in-process; closed (and killed) on exit.
+
+    Raises :class:`~karotte.errors.TaskLoadError` for an unknown tool name or bad options.
+    """
+    from karotte.sandbox.tools.client import connect_toolbox
+    from karotte.sandbox.tools.registry import bind_tools, close_tools
+    from karotte.sandbox.tools.server import build_server
+
+    tools = await bind_tools(config, task)
+    try:
+        served = build_server(tools)
+        timeout = config.tool_timeout_s + CLIENT_TIMEOUT_GRACE_S
+        async with connect_toolbox(served.server, timeout) as toolbox:
+            yield toolbox
+    finally:
+        await close_tools(tools)
+
+
+__all__ = ["ToolBox", "ToolResult", "open_toolbox"]
