@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+from rich.markup import escape
 
 from karotte.cli import app
 from karotte.cli._common import err_console, fail, friendly_errors
@@ -13,11 +16,7 @@ check_app = typer.Typer(help="Check the environment (and sandbox).", invoke_with
 app.add_typer(check_app, name="check")
 
 
-@check_app.callback()
-def check(ctx: typer.Context) -> None:
-    """Load every task and tool; fail on any that does not load, with the error."""
-    if ctx.invoked_subcommand is not None:
-        return
+def _check_tasks() -> list[str]:
     with friendly_errors():
         tasks = load_tasks()
     problems: list[str] = []
@@ -30,6 +29,36 @@ def check(ctx: typer.Context) -> None:
                 _ = step.instructions, step.judge, step.submission_paths
         except Exception as exc:
             problems.append(f"task {task_id}: {type(exc).__name__}: {exc}")
+    if not problems:
+        err_console.print(f"[green]ok[/]: {len(tasks)} task(s) load")
+    return problems
+
+
+@check_app.callback()
+def check(
+    ctx: typer.Context,
+    image: bool = typer.Option(
+        False,
+        "--image",
+        help="Also verify the image: the permission model as the real student user, and no "
+        "leaked credentials (run as root, as the Containerfile's last step).",
+    ),
+    root: Path = typer.Option(Path("/"), "--root", hidden=True, help="Root of the image tree."),
+    student: str = typer.Option("student", "--student", hidden=True, help="The student user."),
+) -> None:
+    """Load every task and tool; fail on any that does not load, with the error."""
+    if ctx.invoked_subcommand is not None:
+        return
+    problems = _check_tasks()
+    if image:
+        from karotte.sandbox.image_check import ImageLayout, check_image
+
+        layout = ImageLayout(root=root, student=student)
+        findings = check_image(layout)
+        problems.extend(str(f) for f in findings)
+        if not findings:
+            err_console.print("[green]ok[/]: permission model and credential scan")
     if problems:
-        raise fail("\n".join(problems), code=1)
-    err_console.print(f"[green]ok[/]: {len(tasks)} task(s) load")
+        for problem in problems:
+            err_console.print(f"[bold red]✗[/] {escape(problem)}")
+        raise fail(f"{len(problems)} problem(s) found", code=1)

@@ -1,0 +1,3 @@
+from environment.tasks._template.task import TemplateTask
+
+TASKS = [TemplateTask]

@@ -1,0 +1,3 @@
+from environment.tasks.example_task.task import ExampleTask
+
+TASKS = [ExampleTask]
