@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from karotte.sandbox.confinement.identity import StudentIdentity
+from karotte.sandbox.confinement.demote import Identity as StudentIdentity
+from karotte.sandbox.confinement.demote import student_identity
 from karotte.sandbox.confinement.processes import kill_student_processes, processes_of_uid
 
 
@@ -51,7 +52,7 @@ def student(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StudentIdentit
     for parent in home.parents:
         if str(parent).startswith("/tmp/pytest-of-") or parent == home.parent:
             os.chmod(parent, os.stat(parent).st_mode | 0o711)
-    identity = StudentIdentity.lookup(name)
+    identity = student_identity(name)
     try:
         yield identity
     finally:

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from karotte.sandbox.confinement.identity import StudentIdentity
+from karotte.sandbox.confinement.demote import Identity as StudentIdentity
 
 
 def demote_preexec(identity: StudentIdentity, before: object = None):  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import time
 import pytest
 from student_helpers import as_student, spawn_student, wait_until
 
-from karotte.sandbox.confinement.identity import StudentIdentity
+from karotte.sandbox.confinement.demote import Identity as StudentIdentity
 from karotte.sandbox.confinement.limits import (
     AppliedLimits,
     LimitsOptions,

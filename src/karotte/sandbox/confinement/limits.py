@@ -15,14 +15,13 @@ import contextlib
 import os
 import resource
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from karotte.sandbox.confinement.cgroups import CGROUP_MOUNT, StudentCgroup, open_student_cgroup
-from karotte.sandbox.confinement.identity import StudentIdentity
+from karotte.sandbox.confinement.demote import Identity
 from karotte.sandbox.confinement.processes import kill_student_processes, processes_of_uid
 
 GIB = 1 << 30
@@ -132,7 +131,7 @@ class _Watchdog(threading.Thread):
 
     def __init__(
         self,
-        identity: StudentIdentity,
+        identity: Identity,
         memory_bytes: int | None,
         pids: int | None,
         interval_s: float,
@@ -168,7 +167,7 @@ class AppliedLimits:
 
     def __init__(
         self,
-        identity: StudentIdentity,
+        identity: Identity,
         options: LimitsOptions,
         cgroup: StudentCgroup | None,
         report: LimitsReport,
@@ -225,7 +224,7 @@ class AppliedLimits:
             self.cgroup.remove()
 
 
-def apply_limits(identity: StudentIdentity, options: LimitsOptions | None = None) -> AppliedLimits:
+def apply_limits(identity: Identity, options: LimitsOptions | None = None) -> AppliedLimits:
     """Set up the student's limits with the strongest mechanism available, and report them."""
     options = options or LimitsOptions()
     sandbox = sandbox_memory_bytes()
@@ -313,10 +312,15 @@ def _swap_detail() -> str:
     return "swap is not limited for the student"
 
 
-def wait_for_pid_exit(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not os.path.exists(f"/proc/{pid}"):
-            return True
-        time.sleep(0.01)
-    return False
+_active: AppliedLimits | None = None
+
+
+def set_active_limits(applied: AppliedLimits | None) -> None:
+    """Register the run's limits, so custody can kill through the student cgroup."""
+    global _active
+    _active = applied
+
+
+def active_limits() -> AppliedLimits | None:
+    """The limits registered for this run (``None`` before setup or in local runs)."""
+    return _active

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from karotte.errors import StudentMisbehaviorError
-from karotte.sandbox.confinement.identity import run_as_child
+from karotte.sandbox.confinement.demote import DemotedCallCrashed, DemotedCallTimeout, Identity, run_as
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,23 @@ def processes_of_uid(uid: int, include_zombies: bool = False) -> list[ProcInfo]:
     return found
 
 
-def _kill_minus_one() -> int:
+def _kill_minus_one() -> bool:
     # kill(-1) from inside the uid: every process the uid may signal, all at once, atomically
     # with respect to fork (the kernel walks the task list under a lock).
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return 0
+    return True
+
+
+def kill_all_as(uid: int, gid: int) -> bool:
+    """``kill(-1, SIGKILL)`` from a child demoted to ``uid``; False when that child failed."""
+    identity = Identity(name=str(uid), uid=uid, gid=gid, home="/")
+    try:
+        return run_as(identity, _kill_minus_one, timeout_s=2.0)
+    except (DemotedCallCrashed, DemotedCallTimeout, OSError):
+        return False
 
 
 @dataclass
@@ -126,7 +135,7 @@ def kill_student_processes(
             else:
                 if "cgroup" not in report.mechanisms:
                     report.mechanisms.append("cgroup")
-        if run_as_child(uid, gid, _kill_minus_one, timeout_s=2.0) == 0:
+        if kill_all_as(uid, gid):
             if "kill(-1) as student" not in report.mechanisms:
                 report.mechanisms.append("kill(-1) as student")
         survivors = [p for p in processes_of_uid(uid) if p.pid not in excluded]
