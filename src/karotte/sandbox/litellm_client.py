@@ -26,6 +26,8 @@ from karotte.sandbox.retry import RetryPolicy, call_with_retries
 from karotte.schemas import ChatCompletionMessageToolCall, Function, Message
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
+# providers whose API takes tool-call arguments back as any string
+_VERBATIM_ARGUMENT_PROVIDERS = ("openai/", "azure/")
 
 
 def import_litellm() -> ModuleType:
@@ -69,7 +71,7 @@ class LiteLLMClient:
         """The keyword arguments of the ``litellm.acompletion`` call."""
         kwargs: dict[str, Any] = {
             "model": self.config.model,
-            "messages": [m.to_litellm() for m in messages],
+            "messages": [self._sendable(m) for m in messages],
             "timeout": self.request_timeout_s,
             "max_retries": 0,  # the provider SDK's own retries: off, we retry ourselves
             "num_retries": 0,  # litellm's own retries: off
@@ -85,6 +87,26 @@ class LiteLLMClient:
         if self.reasoning_effort is not None:
             kwargs["reasoning_effort"] = self.reasoning_effort
         return kwargs
+
+    def _sendable(self, message: Message) -> dict[str, Any]:
+        """The message as litellm takes it.
+
+        A tool call whose arguments are not a JSON object stays in our history verbatim, but
+        providers other than OpenAI require an object there and would refuse the whole request
+        (a 400, every turn after): for them such arguments are sent as ``{}``. The tool result
+        that follows already tells the model its call was malformed.
+        """
+        data = message.to_litellm()
+        if self.config.model.startswith(_VERBATIM_ARGUMENT_PROVIDERS) or not message.tool_calls:
+            return data
+        for call in data.get("tool_calls", []):
+            try:
+                parsed = json.loads(call["function"].get("arguments") or "{}")
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                call["function"]["arguments"] = "{}"
+        return data
 
     async def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> ModelReply:
         litellm = import_litellm()
