@@ -201,9 +201,9 @@ def create_env(
     """Create an environment in ``target`` (new or empty). See the module docstring."""
     target = Path(os.path.abspath(target))
     env_name = validate_env_name(name if name is not None else target.name)
+    _check_target(target)
     requested = list(templates) or [DEFAULT_TEMPLATE]
     stack = resolve_stack(requested)
-    _check_target(target)
     warnings: list[str] = []
     with _rollback_on_failure(target):
         target.mkdir(parents=True, exist_ok=True)

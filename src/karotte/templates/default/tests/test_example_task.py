@@ -20,8 +20,19 @@ def test_fake_model_solves_example_task(tmp_path: Path) -> None:
     transcript = tmp_path / "transcript.json"
     try:
         proc = subprocess.run(
-            [*_karotte(), "run", "--runtime", "local", "--fake-model", "--task", "example-task",
-             "--transcript", str(transcript), "--events", "none"],
+            [
+                *_karotte(),
+                "run",
+                "--runtime",
+                "local",
+                "--fake-model",
+                "--task",
+                "example-task",
+                "--transcript",
+                str(transcript),
+                "--events",
+                "none",
+            ],
             capture_output=True,
             text=True,
             timeout=300,

@@ -51,8 +51,13 @@ def test_scoring_script(tmp_path, content: str, score: float) -> None:
     submission.write_text(content)
     score_file = tmp_path / "score.json"
     subprocess.run(
-        [sys.executable, "-I", str(example.HERE / "score_answer.py"), str(submission),
-         str(example.EXPECTED)],
+        [
+            sys.executable,
+            "-I",
+            str(example.HERE / "score_answer.py"),
+            str(submission),
+            str(example.EXPECTED),
+        ],
         env={"KAROTTE_SCORE_FILE": str(score_file)},
         check=True,
     )

@@ -11,7 +11,6 @@ from karotte.schemas import Message, assistant, tool_call
 
 from environment import paths
 
-
 SUM_COMMAND = "awk '{s += $1} END {print s}' "
 
 

@@ -42,10 +42,7 @@ class SumStep(Step):
 class LargestNumberStep(Step):
     @property
     def instructions(self) -> str:
-        return (
-            f"Write the largest number of {NUMBERS} into {ANSWER}, "
-            "as the file's only content."
-        )
+        return f"Write the largest number of {NUMBERS} into {ANSWER}, as the file's only content."
 
     @property
     def submission_paths(self) -> list[str]:
