@@ -130,6 +130,22 @@ def litellm_info(model_id: str) -> ModelInfo | None:
     )
 
 
+def litellm_differences(info: ModelInfo) -> list[str]:
+    """Where a curated entry's limits differ from litellm's model map (empty = they agree).
+
+    A limit litellm does not have is not a difference; a model litellm does not know is one.
+    """
+    theirs = litellm_info(info.id)
+    if theirs is None:
+        return ["not in litellm's model map"]
+    found = []
+    for name in ("context_window", "max_output_tokens"):
+        ours, other = getattr(info, name), getattr(theirs, name)
+        if other is not None and ours != other:
+            found.append(f"{name}: ours {'unset' if ours is None else ours}, litellm {other}")
+    return found
+
+
 def _litellm_entry(model_id: str) -> dict[str, Any] | None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
