@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -11,6 +12,7 @@ from karotte.cli._common import err_console, fail, friendly_errors
 from karotte.config import EvaluationRunConfig
 from karotte.errors import ConfigError
 
+PROXY_ENV = "KAROTTE_PROXY_URL"
 LOCAL_WARNING = (
     "[bold red on yellow] WARNING [/] [bold]--runtime local runs the student's tool calls in this "
     "process, on this machine, with NO isolation.[/] Use it only to develop tasks with a trusted "
@@ -69,29 +71,93 @@ def run(
     api_key: str | None = typer.Option(None, "--model-api-key", help="Key or $VAR reference."),
     transcript: Path | None = typer.Option(None, "--transcript", help="Transcript JSON path."),
     runtime: str | None = typer.Option(
-        None, "--runtime", "-r", help="Sandbox runtime (local = none)."
+        None,
+        "--runtime",
+        "-r",
+        help="Sandbox runtime: docker, podman, docker:gvisor, or local (no isolation). "
+        "Default: the best one for this machine.",
     ),
+    parallel: int = typer.Option(1, "-n", min=1, max=256, help="Number of parallel runs."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output dir (transcripts, run configs); default: the transcript's dir."
+    ),
+    env_dir: Path = typer.Option(Path("."), "--env-dir", help="The environment project."),
+    image: str | None = typer.Option(None, "--image", help="Use this image; skip the build."),
+    dev: bool = typer.Option(
+        False, "--dev", help="No build: mount src/environment over the image's installed copy."
+    ),
+    mount: list[str] = typer.Option([], "--mount", help="Extra bind mount SRC:DST[:ro]."),
+    keep_containers: bool = typer.Option(
+        False, "--keep-containers", help="Leave the sandboxes after the run (for debugging)."
+    ),
+    prepare_only: bool = typer.Option(
+        False, "--prepare-only", help="Start ready sandboxes and hold them open; no run."
+    ),
+    proxy: str | None = typer.Option(
+        None, "--proxy", help="Model API proxy URL (also $KAROTTE_PROXY_URL)."
+    ),
+    no_proxy: bool = typer.Option(False, "--no-proxy", help="Ignore any configured proxy."),
+    no_ui: bool = typer.Option(False, "--no-ui", help="Plain output, no live display."),
     no_containerized: bool = typer.Option(
         False, "--no-containerized", help="Run the harness here (used inside the sandbox)."
     ),
     events: str = typer.Option("rich", "--events", help="Event output: rich, jsonl or none."),
 ) -> None:
-    """Run a task: build the image, start a sandbox, drive the model, score, write the transcript."""
-    from karotte.sandbox.entry import run_harness
-
+    """Run a task: build the image, start a sandbox, drive the model, score, write a transcript."""
     if events not in ("rich", "jsonl", "none"):
         raise fail("--events takes rich, jsonl or none")
     with friendly_errors():
         config = _build_config(config_path, task, model, fake_model, api_key, transcript)
-    if not no_containerized and runtime != "local":
-        raise fail(
-            "container runtimes are not available yet in this version; use --runtime local "
-            "(no isolation) for now"
-        )
+    if no_containerized:
+        _run_in_sandbox(config, events)
+        return
     if runtime == "local":
         err_console.print(LOCAL_WARNING)
-    completed = run_harness(config, events=events)  # type: ignore[arg-type]
-    err_console.print(f"transcript: {config.transcript_file}")
+        from karotte.sandbox.entry import run_harness
+
+        completed = run_harness(config, events=events)  # type: ignore[arg-type]
+        err_console.print(f"transcript: {config.transcript_file}")
+        if completed.status == "error":
+            raise typer.Exit(1)
+        return
+    from karotte.host.launcher import Launcher, LaunchOptions, parse_mount
+    from karotte.host.runtimes import select_default_runtime
+
+    why = "asked for with --runtime"
+    if runtime is None:
+        runtime, why = select_default_runtime()
+    proxy_url = None if no_proxy else (proxy or config.proxy_url or os.environ.get(PROXY_ENV))
+    with friendly_errors():
+        options = LaunchOptions(
+            runtime=runtime,
+            runtime_why=why,
+            env_dir=env_dir,
+            out_dir=out,
+            image=image,
+            parallel=parallel,
+            dev=dev,
+            mounts=[parse_mount(m) for m in mount],
+            keep_containers=keep_containers,
+            prepare_only=prepare_only,
+            proxy=proxy_url or None,
+            ui=not no_ui,
+        )
+        result = Launcher(config, options).run()
+    if result.exit_code != 0:
+        raise typer.Exit(result.exit_code)
+
+
+def _run_in_sandbox(config: EvaluationRunConfig, events: str) -> None:
+    """The harness side of a sandboxed run (the launcher's command inside the sandbox)."""
+    from karotte.sandbox.entry import run_harness
+    from karotte.sandbox.proxy_relay import start_from_env
+
+    start_from_env()
+    completed = run_harness(
+        config,
+        events=events,  # type: ignore[arg-type]
+        sandbox=os.environ.get("KAROTTE_SANDBOX"),
+    )
     if completed.status == "error":
         raise typer.Exit(1)
 

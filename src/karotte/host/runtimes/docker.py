@@ -58,6 +58,10 @@ class GVisorRuntime(DockerRuntime):
     # cannot hold them, so the launcher does not offer a writable cgroup.
     supports_writable_cgroup: ClassVar[bool] = False
 
+    def grantable_capabilities(self, wanted: list[str]) -> tuple[list[str], list[str]]:
+        # gVisor's kernel grants capabilities itself; the host's bounding set does not limit it
+        return list(wanted), []
+
     def gvisor_fix(self) -> str:
         return (
             "install gVisor (`apt-get install -y runsc`, or see gvisor.dev), register it with "

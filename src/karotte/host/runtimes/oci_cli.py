@@ -37,6 +37,28 @@ _ENGINE_DOWN_MARKERS = (
     "no such file or directory: unix",
     "permission denied while trying to connect",
 )
+_CAPABILITIES = (  # in kernel order: the index is the capability's number
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+    "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+    "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+    "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+    "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
+    "CHECKPOINT_RESTORE"
+)
+CAPABILITY_NUMBERS = {name: number for number, name in enumerate(_CAPABILITIES.split(" "))}
+
+
+def host_bounding_set() -> int | None:
+    """This process's capability bounding set (the engine on this host has the same one)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 _NO_SUCH_MARKERS = ("no such container", "no container with name or id", "no such object")
 
 
@@ -62,6 +84,21 @@ class OciCliRuntime(Runtime):
     ) -> None:
         self.global_args = list(global_args or [])
         self.env_overrides = dict(env or {})
+
+    def grantable_capabilities(self, wanted: list[str]) -> tuple[list[str], list[str]]:
+        """``(granted, not grantable here)``: a container cannot get a capability the host's
+        root lacks (runc then refuses to start, podman drops it silently)."""
+        bounding = host_bounding_set()
+        if bounding is None:
+            return list(wanted), []
+        granted, missing = [], []
+        for cap in wanted:
+            number = CAPABILITY_NUMBERS.get(cap.upper().removeprefix("CAP_"))
+            if number is None or bounding >> number & 1:
+                granted.append(cap)
+            else:
+                missing.append(cap)
+        return granted, missing
 
     # ---- subprocess plumbing ---------------------------------------------------------------
     def command(self, *args: str) -> list[str]:
@@ -161,9 +198,17 @@ class OciCliRuntime(Runtime):
 
     # ---- images ------------------------------------------------------------------------------
     def build_command(
-        self, context: Path, containerfile: Path, tag: str, build_args: dict[str, str], iid: Path
+        self,
+        context: Path,
+        containerfile: Path,
+        tag: str,
+        build_args: dict[str, str],
+        iid: Path,
+        no_cache: bool = False,
     ) -> list[str]:
         args = ["build", "--network=host", "-f", str(containerfile), "-t", tag]
+        if no_cache:
+            args.append("--no-cache")
         args += ["--iidfile", str(iid)]
         for key, value in sorted(build_args.items()):
             args += ["--build-arg", f"{key}={value}"]
@@ -180,12 +225,13 @@ class OciCliRuntime(Runtime):
         tag: str,
         build_args: dict[str, str],
         on_output: OutputCallback | None = None,
+        no_cache: bool = False,
     ) -> str:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="karotte-build-") as tmp:
             iid = Path(tmp) / "iid"
-            argv = self.build_command(context, containerfile, tag, build_args, iid)
+            argv = self.build_command(context, containerfile, tag, build_args, iid, no_cache)
             lines: list[str] = []
             try:
                 proc = subprocess.Popen(
