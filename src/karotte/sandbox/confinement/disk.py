@@ -1,0 +1,148 @@
+"""A disk quota for the student's writable directory: a loop-mounted ext4 filesystem.
+
+The filesystem's size bounds the bytes and its inode count (``mkfs.ext4 -N``) bounds the number
+of files, whatever the student does; nothing it writes there can fill the sandbox's disk. The
+directory's existing content is copied into the new filesystem (``mkfs.ext4 -d``), which is then
+mounted over it ``nosuid,nodev`` and owned by the student. :meth:`LoopQuota.remove` unmounts it,
+detaches the loop device and deletes the image.
+
+Needs root with ``CAP_SYS_ADMIN`` and loop devices (``/dev/loop-control``): inside an
+unprivileged container that is usually missing, and :class:`DiskQuotaUnavailable` says so, so
+that the caller can fall back (tmpfs sizes set by the launcher, or no quota) and record it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from karotte.errors import KarotteError
+from karotte.sandbox.confinement.sanitize import UntrustedBinaryError, resolve_system_binary
+
+MIB = 1 << 20
+
+
+class DiskQuotaUnavailable(KarotteError):
+    """A loop-mounted quota cannot be made here; the message says why and what to do."""
+
+
+class DiskQuotaReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    bytes: int
+    inodes: int
+    mechanism: str
+    device: str | None = None
+
+
+def _tool(name: str) -> str:
+    try:
+        return resolve_system_binary(name)
+    except UntrustedBinaryError as exc:
+        raise DiskQuotaUnavailable(f"{exc} (install e2fsprogs / util-linux / mount)") from exc
+
+
+def _run(argv: list[str], what: str, timeout: float = 120) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise DiskQuotaUnavailable(f"{what} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout.strip()
+
+
+def loop_devices_available() -> str | None:
+    """None when loop devices can be used, else why not."""
+    if os.geteuid() != 0:
+        return "not root"
+    if not os.path.exists("/dev/loop-control"):
+        return (
+            "/dev/loop-control is missing (unprivileged container without loop devices; the "
+            "launcher must pass --device /dev/loop-control and the loop devices)"
+        )
+    return None
+
+
+@dataclass
+class LoopQuota:
+    """A size- and inode-limited ext4 filesystem mounted on ``path`` for ``uid``/``gid``."""
+
+    path: Path
+    size_bytes: int
+    inodes: int
+    uid: int
+    gid: int
+    image_dir: Path | None = None  # default: a root-only temp dir
+    image: Path | None = None
+    device: str | None = None
+    mounted: bool = False
+    _image_dir_made: Path | None = field(default=None, repr=False)
+
+    def create(self) -> DiskQuotaReport:
+        why = loop_devices_available()
+        if why:
+            raise DiskQuotaUnavailable(f"no loop-mounted disk quota: {why}")
+        if self.size_bytes < 4 * MIB:
+            raise ValueError("a loop quota needs at least 4 MiB")
+        mkfs, losetup, mount = _tool("mkfs.ext4"), _tool("losetup"), _tool("mount")
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.image_dir is None:
+            self._image_dir_made = Path(tempfile.mkdtemp(prefix="karotte-disk-"))
+            image_dir = self._image_dir_made
+        else:
+            image_dir = self.image_dir
+            image_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(image_dir, 0o700)
+        self.image = image_dir / "student-disk.ext4"
+        try:
+            with open(self.image, "xb") as handle:
+                handle.truncate(self.size_bytes)
+            argv = [
+                mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-N", str(self.inodes),
+                "-E", f"root_owner={self.uid}:{self.gid}",
+            ]
+            if any(self.path.iterdir()):
+                argv += ["-d", str(self.path)]
+            _run([*argv, str(self.image)], "mkfs.ext4")
+            self.device = _run([losetup, "--find", "--show", str(self.image)], "losetup")
+            _run(
+                [mount, "-t", "ext4", "-o", "nosuid,nodev", self.device, str(self.path)],
+                f"mount {self.device} on {self.path}",
+            )
+            self.mounted = True
+            os.chown(self.path, self.uid, self.gid)
+        except BaseException:
+            self.remove()
+            raise
+        return DiskQuotaReport(
+            path=str(self.path),
+            bytes=self.size_bytes,
+            inodes=self.inodes,
+            mechanism="loop-mounted ext4 (size and inode count)",
+            device=self.device,
+        )
+
+    def remove(self) -> None:
+        """Unmount, detach and delete (idempotent; lazy unmount if the mount is busy)."""
+        if self.mounted:
+            umount = _tool("umount")
+            result = subprocess.run([umount, str(self.path)], capture_output=True, timeout=60, check=False)
+            if result.returncode != 0:
+                subprocess.run([umount, "-l", str(self.path)], capture_output=True, timeout=60, check=False)
+            self.mounted = False
+        if self.device:
+            with contextlib.suppress(DiskQuotaUnavailable):
+                subprocess.run([_tool("losetup"), "-d", self.device], capture_output=True, timeout=60, check=False)
+            self.device = None
+        if self.image is not None:
+            self.image.unlink(missing_ok=True)
+            self.image = None
+        if self._image_dir_made is not None:
+            with contextlib.suppress(OSError):
+                self._image_dir_made.rmdir()
+            self._image_dir_made = None
