@@ -32,10 +32,12 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from karotte.sandbox.confinement.demote import Identity, preexec_for, run_as
 
+SESSION_MARKER = "KAROTTE_SHELL_ID"
 RESTART_NOTE = "The shell was restarted; cwd and env were reset and its processes were killed."
 _MAX_STATUS_LINE = 4096
 
@@ -94,11 +96,23 @@ def _kill_all_of_uid() -> None:
     os.kill(-1, signal.SIGKILL)
 
 
-def kill_session_tree(leader: int, identity: Identity | None, *, all_of_uid: bool) -> None:
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_session_tree(
+    leader: int, identity: Identity | None, *, all_of_uid: bool, marker: bytes | None = None
+) -> None:
     """SIGKILL the session led by ``leader``: its process group, session and descendants.
 
-    With ``all_of_uid`` (and a student identity) also every process of the student's uid, which
-    catches double-forked, ``setsid``'d daemons that left the session.
+    Also every process whose environment holds ``marker`` (``NAME=value``: set in the shell's
+    environment, inherited by everything it starts, so a double-forked ``setsid`` daemon is
+    found too), and with ``all_of_uid`` (and a student identity) every process of the
+    student's uid, which also catches a process that scrubbed its environment.
     """
     if identity is not None and all_of_uid and identity.uid != os.getuid():
         with contextlib.suppress(Exception):
@@ -107,6 +121,8 @@ def kill_session_tree(leader: int, identity: Identity | None, *, all_of_uid: boo
         table = _process_table()
         doomed = {leader}
         doomed.update(pid for pid, _ppid, pgid, sid in table if pgid == leader or sid == leader)
+        if marker is not None:
+            doomed.update(pid for pid, *_ in table if _has_marker(pid, marker))
         changed = True
         while changed:
             changed = False
@@ -136,12 +152,14 @@ class BashSession:
         output_limit_chars: int,
         kill_all_student_processes: bool = True,
         bash_path: str | None = None,
+        before_demote: Callable[[], None] | None = None,
     ) -> None:
         self.identity = identity
         self.env = env
         self.cwd = cwd
         self.output_limit_chars = output_limit_chars
         self.kill_all_student_processes = kill_all_student_processes
+        self.before_demote = before_demote  # e.g. enter the student cgroup, set rlimits
         found = bash_path or shutil.which("bash", path="/usr/bin:/bin") or shutil.which("bash")
         if found is None:
             raise FileNotFoundError("bash is not installed (the bash tool needs /bin/bash)")
@@ -149,6 +167,7 @@ class BashSession:
         self._dir = tempfile.mkdtemp(prefix="karotte-bash-")
         os.chmod(self._dir, 0o711)  # noqa: S103 - the student may read the command file, nothing else
         self._cmd_path = os.path.join(self._dir, "cmd")
+        self._marker = f"{SESSION_MARKER}={secrets.token_hex(8)}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._stdin_w = -1
         self._status_r = -1
@@ -183,9 +202,9 @@ class BashSession:
                 stderr=out_w,
                 pass_fds=(status_w,),
                 cwd=cwd,
-                env=self.env,
+                env={**self.env, SESSION_MARKER: self._marker.split("=", 1)[1]},
                 start_new_session=True,
-                preexec_fn=preexec_for(self.identity),
+                preexec_fn=self._preexec,
             )
         finally:
             os.close(stdin_r)
@@ -203,6 +222,11 @@ class BashSession:
         if outcome.exit_code != 0:
             raise RuntimeError(f"the bash session did not start: {outcome.output.strip()!r}")
 
+    def _preexec(self) -> None:
+        if self.before_demote is not None:
+            self.before_demote()
+        preexec_for(self.identity)()
+
     async def close(self) -> None:
         """Kill the shell and everything it started; remove the session's files."""
         await self._stop()
@@ -213,7 +237,12 @@ class BashSession:
         if proc is None:
             return
         self._proc = None
-        kill_session_tree(proc.pid, self.identity, all_of_uid=self.kill_all_student_processes)
+        kill_session_tree(
+            proc.pid,
+            self.identity,
+            all_of_uid=self.kill_all_student_processes,
+            marker=self._marker.encode(),
+        )
         for _ in range(200):
             if proc.poll() is not None:
                 break
@@ -240,7 +269,6 @@ class BashSession:
         if self._proc is None:
             await self.start()
         nonce = secrets.token_hex(16)
-        os.ftruncate(self._out_r, 0)
         tmp = f"{self._cmd_path}.{nonce[:8]}"
         text = command if command.endswith("\n") else command + "\n"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -266,7 +294,9 @@ class BashSession:
             outcome.timed_out = True
         else:
             outcome.shell_exited = self._proc.poll() if self._proc else None
+        # Output includes what background processes wrote since the previous call.
         outcome.output, outcome.cut_chars = self._read_output()
+        os.ftruncate(self._out_r, 0)
         outcome.output = outcome.output.replace(f"{self._cmd_path}: ", "bash: ")
         if outcome.exit_code is None:
             await self.restart()

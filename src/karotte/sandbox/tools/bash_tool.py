@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +42,18 @@ class BashArgs(ToolArguments):
     ] = None
 
 
+def _limits_preexec(ctx: ToolContext) -> Callable[[], None] | None:
+    """The run's student limits (cgroup, rlimits), applied to the shell before it demotes."""
+    if ctx.identity is None:
+        return None
+    from karotte.sandbox.confinement.limits import active_limits
+
+    limits = active_limits()
+    if limits is None or limits.identity.uid != ctx.identity.uid:
+        return None
+    return limits.preexec
+
+
 class BashTool:
     name = "bash"
     args_model = BashArgs
@@ -60,6 +73,7 @@ class BashTool:
             options.cwd or ctx.workdir,
             output_limit_chars=limit,
             kill_all_student_processes=options.kill_all_student_processes,
+            before_demote=_limits_preexec(ctx),
         )
         self.description = (
             "Run a command in a persistent bash shell (cd and export persist between calls). "

@@ -20,6 +20,7 @@ import traceback
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -111,7 +112,12 @@ class ToolContext:
 def _args_model(fn: Callable[..., Any], tool_name: str) -> tuple[type[BaseModel], str | None]:
     """A pydantic model of ``fn``'s parameters, and the name of its ToolContext parameter."""
     try:
-        hints = typing.get_type_hints(fn, include_extras=True)
+        # Parameters only: the return annotation is not needed and may not resolve.
+        annotations = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != "return"}
+        holder = SimpleNamespace(__annotations__=annotations)
+        hints = typing.get_type_hints(
+            holder, globalns=getattr(fn, "__globals__", {}), include_extras=True
+        )
     except Exception as exc:
         raise TaskDefinitionError(
             f"tool {tool_name!r}: cannot resolve the type annotations of {fn.__qualname__}: {exc}"
