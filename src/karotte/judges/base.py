@@ -85,8 +85,11 @@ class _Composite(Judge):
             if not isinstance(judge, Judge):
                 raise TypeError(f"can only compose Judge objects, got {type(judge).__name__}")
             # (a & b) & c flattens to one node, so the metadata tree stays readable
-            flat.extend(judge.judges if type(judge) is type(self) else [judge])  # type: ignore[attr-defined]
-        self.judges = flat
+            if isinstance(judge, _Composite) and type(judge) is type(self):
+                flat.extend(judge.judges)
+            else:
+                flat.append(judge)
+        self.judges: list[Judge] = flat
 
     def _combine(self, scores: list[float]) -> float:
         raise NotImplementedError
