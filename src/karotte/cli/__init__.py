@@ -44,7 +44,7 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _register() -> None:
-    from karotte.cli import check, env, models, run, runtime, tasks  # noqa: F401
+    from karotte.cli import check, clean, env, models, run, runtime, tasks  # noqa: F401
 
 
 def main() -> None:
