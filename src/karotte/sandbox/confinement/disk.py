@@ -78,6 +78,7 @@ class LoopQuota:
     uid: int
     gid: int
     image_dir: Path | None = None  # default: a root-only temp dir
+    mode: int | None = None  # mode of the mounted root dir (e.g. 0o1777 for /tmp); default: as before
     image: Path | None = None
     device: str | None = None
     mounted: bool = False
@@ -91,6 +92,7 @@ class LoopQuota:
             raise ValueError("a loop quota needs at least 4 MiB")
         mkfs, losetup, mount = _tool("mkfs.ext4"), _tool("losetup"), _tool("mount")
         self.path.mkdir(parents=True, exist_ok=True)
+        original_mode = os.stat(self.path).st_mode & 0o7777
         if self.image_dir is None:
             self._image_dir_made = Path(tempfile.mkdtemp(prefix="karotte-disk-"))
             image_dir = self._image_dir_made
@@ -116,6 +118,7 @@ class LoopQuota:
             )
             self.mounted = True
             os.chown(self.path, self.uid, self.gid)
+            os.chmod(self.path, self.mode if self.mode is not None else original_mode)
         except BaseException:
             self.remove()
             raise

@@ -284,16 +284,17 @@ def probe_as(
 def run_canary(
     identity: Identity,
     harness_ports: Iterable[int] = (),
-    outside: tuple[str, int] = CANARY_OUTSIDE,
+    outside: tuple[str, int] | None = CANARY_OUTSIDE,
     timeout_s: float = 1.0,
 ) -> dict[str, str]:
     """Prove the student can reach neither the outside nor the harness's ports.
 
     Sends one connection attempt to ``outside`` (a TEST-NET-1 address by default, which the
     firewall must reject before it leaves) and one to each harness port on 127.0.0.1. Raises
-    :class:`CanaryError` when any of them connects.
+    :class:`CanaryError` when any of them connects. ``outside=None`` probes only the ports
+    (for the ``open`` network mode, where the outside is allowed).
     """
-    targets = [outside, *(("127.0.0.1", port) for port in harness_ports)]
+    targets = [*([outside] if outside else []), *(("127.0.0.1", port) for port in harness_ports)]
     results = probe_as(identity, targets, timeout_s)
     leaks = [target for target, result in results.items() if result == "connected"]
     if leaks:

@@ -11,16 +11,13 @@ from __future__ import annotations
 HARNESS_CAPABILITIES: list[str] = [
     "CHOWN",  # give the student its writable dirs (and the quota filesystem)
     "DAC_OVERRIDE",  # root reads/writes across permission bits (custody, cleanup)
-    "DAC_READ_SEARCH",  # walk student-owned 0700 dirs during custody and cleanup
     "FOWNER",  # chmod/utime on files the student owns (cleanup, custody dirs)
-    "FSETID",  # keep modes when copying
     "KILL",  # kill the student's processes
     "SETUID",  # drop to the student
     "SETGID",  # drop to the student's group, clear supplementary groups
     "NET_ADMIN",  # the student's firewall (iptables/nftables)
     "NET_RAW",  # legacy iptables backends open raw sockets
-    "SYS_ADMIN",  # mount the loop quota; unshare PID/IPC namespaces per session; IPC_RMID
-    "SYS_PTRACE",  # read /proc/<pid>/status of every student process (hidepid, dumpable=0)
+    "SYS_ADMIN",  # mount the loop quota; unshare PID/IPC namespaces; remove student SysV IPC
 ]
 """Linux capabilities the harness (root inside the sandbox) needs, without the ``CAP_`` prefix.
 

@@ -1,0 +1,176 @@
+"""Confining the student for one run: limits, disk quota, firewall, canary — and undoing it.
+
+The harness calls :func:`setup_confinement` once before the first step (after ``task_started``),
+emits ``Confinement.payload()`` as the ``limits_applied`` event, hands ``Confinement.limits`` to
+the tools layer (``limits.preexec`` for every student process) and calls
+:meth:`Confinement.teardown` when the run ends, whatever happened.
+
+Without ``config.student_user`` (local development) nothing is confined and the payload says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from karotte.config import EvaluationRunConfig
+from karotte.sandbox.confinement.demote import Identity, student_identity
+from karotte.sandbox.confinement.disk import DiskQuotaUnavailable, LoopQuota
+from karotte.sandbox.confinement.firewall import FirewallError, StudentFirewall, run_canary
+from karotte.sandbox.confinement.limits import (
+    AppliedLimits,
+    LimitsOptions,
+    apply_limits,
+    set_active_limits,
+)
+from karotte.sandbox.confinement.namespaces import namespace_support
+
+GIB = 1 << 30
+
+
+class ConfinementOptions(BaseModel):
+    """What to set up. Budgets default to the launcher's ``KAROTTE_*`` variables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limits: LimitsOptions = Field(default_factory=LimitsOptions)
+    disk_quota: bool = True
+    disk_paths: list[str] | None = None  # default: the student's home
+    disk_bytes: int | None = Field(default=None, gt=0)  # default: KAROTTE_DISK_BYTES or 10 GiB
+    disk_inodes: int = Field(default=200_000, ge=64)
+    firewall: bool = True
+    canary: bool = True
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+class Confinement:
+    """Everything set up for the run; :meth:`teardown` undoes it (idempotent)."""
+
+    def __init__(self, identity: Identity | None) -> None:
+        self.identity = identity
+        self.limits: AppliedLimits | None = None
+        self.quotas: list[LoopQuota] = []
+        self.firewall: StudentFirewall | None = None
+        self.report: dict[str, Any] = {}
+
+    def payload(self) -> dict[str, Any]:
+        """The ``limits`` field of the ``limits_applied`` event."""
+        return dict(self.report)
+
+    def teardown(self) -> None:
+        set_active_limits(None)
+        if self.limits is not None:
+            with contextlib.suppress(Exception):
+                self.limits.close()
+        if self.firewall is not None:
+            with contextlib.suppress(Exception):
+                self.firewall.remove()
+        for quota in reversed(self.quotas):
+            with contextlib.suppress(Exception):
+                quota.remove()
+        self.quotas.clear()
+
+
+def setup_confinement(
+    config: EvaluationRunConfig,
+    harness_ports: list[int] | None = None,
+    options: ConfinementOptions | None = None,
+) -> Confinement:
+    """Confine ``config.student_user``; raises ``CanaryError`` (infra) if the network leaks."""
+    options = options or ConfinementOptions()
+    if not config.student_user:
+        confinement = Confinement(None)
+        confinement.report = {
+            "student_user": None,
+            "mechanism": "none: local run, tools act as the harness's own user",
+        }
+        return confinement
+    identity = student_identity(config.student_user)
+    confinement = Confinement(identity)
+    try:
+        limits_options = options.limits
+        if limits_options.pids == LimitsOptions().pids and _env_int("KAROTTE_PIDS_LIMIT"):
+            limits_options = limits_options.model_copy(
+                update={"pids": _env_int("KAROTTE_PIDS_LIMIT")}
+            )
+        confinement.limits = apply_limits(identity, limits_options)
+        set_active_limits(confinement.limits)
+        report: dict[str, Any] = confinement.limits.report.event_payload()
+        report["sandbox"] = os.environ.get("KAROTTE_SANDBOX")
+        report["disk"] = _setup_disk(confinement, identity, options)
+        report["network"] = _setup_network(confinement, identity, config, harness_ports or [], options)
+        support = namespace_support()
+        report["namespaces"] = {
+            "pid": "per session (unshare --pid)" if support.pid else f"none ({support.detail})",
+            "ipc": "per session (unshare --ipc)" if support.ipc else f"none ({support.detail})",
+        }
+        confinement.report = report
+    except BaseException:
+        confinement.teardown()
+        raise
+    return confinement
+
+
+def _setup_disk(
+    confinement: Confinement, identity: Identity, options: ConfinementOptions
+) -> list[dict[str, Any]]:
+    if not options.disk_quota:
+        return [{"mechanism": "none (disabled)"}]
+    size = options.disk_bytes or _env_int("KAROTTE_DISK_BYTES") or 10 * GIB
+    paths = options.disk_paths or [identity.home]
+    results: list[dict[str, Any]] = []
+    for path in paths:
+        quota = LoopQuota(
+            Path(path), size_bytes=size, inodes=options.disk_inodes, uid=identity.uid,
+            gid=identity.gid,
+        )
+        try:
+            results.append(quota.create().model_dump())
+            confinement.quotas.append(quota)
+        except (DiskQuotaUnavailable, OSError) as exc:
+            results.append(
+                {
+                    "path": path,
+                    "bytes": size,
+                    "mechanism": "none",
+                    "detail": f"{exc}; the launcher's tmpfs/storage limits are the only bound",
+                }
+            )
+    return results
+
+
+def _setup_network(
+    confinement: Confinement,
+    identity: Identity,
+    config: EvaluationRunConfig,
+    harness_ports: list[int],
+    options: ConfinementOptions,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"mode": config.student_network}
+    if options.firewall:
+        firewall = StudentFirewall(
+            identity.uid,
+            mode=config.student_network,
+            proxy_url=config.proxy_url,
+            harness_ports=harness_ports,
+        )
+        try:
+            result.update(firewall.install().model_dump())
+            confinement.firewall = firewall
+        except FirewallError as exc:
+            result["backend"] = None
+            result["detail"] = f"no firewall: {exc}"
+    if options.canary and config.student_network != "open":
+        result["canary"] = run_canary(identity, harness_ports)
+    elif options.canary:
+        # open network: the outside is allowed, only the harness ports must stay closed
+        result["canary"] = run_canary(identity, harness_ports, outside=None)
+    return result
