@@ -18,3 +18,23 @@ test *ARGS:
 # only the fast tests (no image builds, no sandboxes)
 test-fast *ARGS:
     pytest -m "not slow" {{ARGS}}
+
+# create an environment from TEMPLATE in a temp dir against this checkout, run its lint and tests;
+# with IMAGE=yes also build its image and replay the fake model in a sandbox (needs docker/podman)
+test-template TEMPLATE="default" IMAGE="no":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    unset VIRTUAL_ENV
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    karotte create-env "$tmp/env" --template {{TEMPLATE}}
+    cd "$tmp/env"
+    uv sync --extra dev
+    uv run setup_data.py
+    uv run karotte check
+    uv run just lint
+    uv run just test
+    if [ "{{IMAGE}}" = "yes" ]; then
+        uv run karotte build
+        uv run karotte run --fake-model --task example-task --transcript "$tmp/transcript.json"
+    fi
