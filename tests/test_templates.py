@@ -233,3 +233,36 @@ def test_templates_are_in_the_wheel(tmp_path: Path) -> None:
     ):
         assert f"karotte/templates/default/{rel}" in names, rel
     assert not any("__pycache__" in n for n in names)
+
+
+def test_extends_by_output_name_and_default_containerfile_blocks(template_root: Path) -> None:
+    import shutil
+
+    from karotte.host import templates as templates_module
+
+    real_default = Path(templates_module.__file__).resolve().parent.parent / "templates" / "default"
+    shutil.copytree(real_default, template_root / "default")
+    make_template(
+        template_root,
+        "gcc",
+        {
+            # by the output name: "default/Containerfile" finds Containerfile.jinja
+            "Containerfile.jinja": (
+                '{% extends "default/Containerfile" %}'
+                "{% block system_packages %}RUN apt-get install -y gcc\n{% endblock %}"
+            ),
+        },
+        requires=["default"],
+    )
+    variables = {
+        "env_name": "demo",
+        "karotte_version": "0.1.0",
+        "karotte_requirement": "karotte==0.1.0",
+        "karotte_wheel": None,
+    }
+    files = render_templates(resolve_stack(["gcc"]), variables).files
+    containerfile = files["Containerfile"].content.decode()
+    assert "RUN apt-get install -y gcc\n" in containerfile
+    assert "# Debian packages the tasks need" not in containerfile  # the block was replaced
+    assert containerfile.rstrip().endswith("RUN /root/.venv/bin/karotte check --image")
+    assert files["Containerfile"].template == "gcc"

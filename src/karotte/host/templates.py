@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -214,9 +214,21 @@ def _output_name(rel: PurePosixPath) -> str:
     return text[: -len(JINJA_SUFFIX)] if text.endswith(JINJA_SUFFIX) else text
 
 
+class _TemplateDirLoader(jinja2.FileSystemLoader):
+    """Loads a template's file by its source name or by its output name (without ``.jinja``)."""
+
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str, Callable[[], bool]]:
+        try:
+            return super().get_source(environment, template)
+        except jinja2.TemplateNotFound:
+            return super().get_source(environment, template + JINJA_SUFFIX)
+
+
 def _jinja_environment(templates: list[Template]) -> jinja2.Environment:
     loader = jinja2.PrefixLoader(
-        {t.id: jinja2.FileSystemLoader(str(t.path), encoding="utf-8") for t in templates},
+        {t.id: _TemplateDirLoader(str(t.path), encoding="utf-8") for t in templates},
         delimiter="/",
     )
     return jinja2.Environment(
