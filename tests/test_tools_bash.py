@@ -256,3 +256,36 @@ def test_close_kills_background_processes(tmp_path: Path) -> None:
     else:
         os.kill(pid, 9)
         pytest.fail("background sleep survived close()")
+
+
+def test_output_flood_does_not_fill_the_disk(tmp_path: Path) -> None:
+    async def body(s: BashSession) -> None:
+        s.spill_bytes = 1024 * 1024  # spill early so the test stays small
+        started = time.monotonic()
+        out = await s.run("echo first-line; yes flood", 1.5)
+        assert out.timed_out and time.monotonic() - started < 4
+        assert out.output.startswith("first-line\nflood\n")
+        assert "flood\nflood" in out.output[-100:]  # the tail (possibly cut mid-line)
+        assert "bytes of output cut" in out.output
+        assert out.cut_chars > 10 * 1024 * 1024  # far more was printed than was ever kept
+
+    with_session(tmp_path, body)
+
+
+def test_background_flood_is_spilled_between_calls(tmp_path: Path) -> None:
+    async def body(s: BashSession) -> None:
+        s.spill_bytes = 1024 * 1024
+        # `yes &` appends to the inherited output; `>/dev/stdout` reopens it without O_APPEND
+        # (after a spill its writes leave a sparse file: what matters is the disk it uses)
+        command = "yes background & yes reopened >/dev/stdout &"
+        assert (await s.run(command, 5)).exit_code == 0
+        peak = 0
+        for _ in range(15):
+            await asyncio.sleep(0.1)  # the agent is thinking; the flood goes on
+            peak = max(peak, os.fstat(s._out_r).st_blocks * 512)
+        written = s._dropped + os.fstat(s._out_r).st_size
+        assert peak < written / 4, (peak, written)  # the disk held a fraction of the flood
+        out = await s.run("kill %1 %2; echo stopped", 5)
+        assert "stopped" in out.output and "bytes of output cut" in out.output
+
+    with_session(tmp_path, body)

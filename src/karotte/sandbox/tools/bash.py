@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from karotte.sandbox.confinement.demote import Identity, preexec_for, run_as
 
 SESSION_MARKER = "KAROTTE_SHELL_ID"
+SPILL_CHECK_S = 0.1
 RESTART_NOTE = "The shell was restarted; cwd and env were reset and its processes were killed."
 _MAX_STATUS_LINE = 4096
 
@@ -174,6 +175,10 @@ class BashSession:
         self._out_r = -1
         self._pidfd = -1
         self._buffer = b""
+        self.spill_bytes = max(4 * 1024 * 1024, 2 * self._window())
+        self._head: bytes | None = None  # the output's head, once the file was spilled
+        self._dropped = 0  # bytes dropped from the output file by spilling
+        self._spiller: asyncio.Task[None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -215,6 +220,8 @@ class BashSession:
         self._pidfd = os.pidfd_open(proc.pid)
         os.set_blocking(status_r, False)
         self._buffer = b""
+        self._head, self._dropped = None, 0
+        self._spiller = asyncio.get_running_loop().create_task(self._spill_while_idle())
         # Move the status pipe to fd 3, then prove the shell answers.
         setup = f"exec 3>&{status_w} {status_w}>&-\n"
         self._write_control(setup)
@@ -237,6 +244,11 @@ class BashSession:
         if proc is None:
             return
         self._proc = None
+        if self._spiller is not None:
+            self._spiller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._spiller
+            self._spiller = None
         kill_session_tree(
             proc.pid,
             self.identity,
@@ -269,7 +281,7 @@ class BashSession:
         if self._proc is None:
             await self.start()
         nonce = secrets.token_hex(16)
-        tmp = f"{self._cmd_path}.{nonce[:8]}"
+        tmp = f"{self._cmd_path}.{secrets.token_hex(4)}"
         text = command if command.endswith("\n") else command + "\n"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -297,6 +309,7 @@ class BashSession:
         # Output includes what background processes wrote since the previous call.
         outcome.output, outcome.cut_chars = self._read_output()
         os.ftruncate(self._out_r, 0)
+        self._head, self._dropped = None, 0
         outcome.output = outcome.output.replace(f"{self._cmd_path}: ", "bash: ")
         if outcome.exit_code is None:
             await self.restart()
@@ -315,6 +328,7 @@ class BashSession:
                 return found
             if self._proc is None or self._proc.poll() is not None:
                 return "exited"
+            self._spill()
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return "timeout"
@@ -327,7 +341,7 @@ class BashSession:
             loop.add_reader(self._status_r, _wake)
             loop.add_reader(self._pidfd, _wake)
             try:
-                await asyncio.wait_for(ready, remaining)
+                await asyncio.wait_for(ready, min(remaining, SPILL_CHECK_S))
             except TimeoutError:
                 pass
             finally:
@@ -353,19 +367,43 @@ class BashSession:
                     return int(value)
         return None
 
-    def _read_output(self) -> tuple[str, int]:
-        limit = self.output_limit_chars
+    async def _spill_while_idle(self) -> None:
+        """Background processes can write between calls too: keep spilling."""
+        while True:
+            await asyncio.sleep(SPILL_CHECK_S)
+            with contextlib.suppress(OSError):
+                self._spill()
+
+    def _spill(self) -> None:
+        """Keep the output file small while a command runs: remember its head, drop the rest.
+
+        A command printing gigabytes (``yes``, ``cat /dev/zero``) must not fill the disk before
+        its timeout; only the head and the tail are ever shown.
+        """
         size = os.fstat(self._out_r).st_size
-        window = limit * 4  # bytes per char at worst in UTF-8
-        if size <= 2 * window:
+        if size <= self.spill_bytes:
+            return
+        if self._head is None:
+            self._head = os.pread(self._out_r, self._window(), 0)
+        os.ftruncate(self._out_r, 0)
+        self._dropped += size
+
+    def _window(self) -> int:
+        return self.output_limit_chars * 4  # bytes per character at worst in UTF-8
+
+    def _read_output(self) -> tuple[str, int]:
+        limit, window = self.output_limit_chars, self._window()
+        size = os.fstat(self._out_r).st_size
+        if self._head is None and size <= 2 * window:
             data = os.pread(self._out_r, size, 0)
             return truncate_middle(data, len(data), limit)
-        head = os.pread(self._out_r, window, 0)
-        tail = os.pread(self._out_r, window, size - window)
+        total = self._dropped + size
+        head = self._head if self._head is not None else os.pread(self._out_r, window, 0)
+        tail = os.pread(self._out_r, window, max(size - window, 0))
         head_text = head.decode("utf-8", errors="replace")[: limit // 2]
         tail_text = tail.decode("utf-8", errors="replace")
         tail_text = tail_text[len(tail_text) - (limit - limit // 2) :]
-        cut = size - len(head_text.encode()) - len(tail_text.encode())
+        cut = max(total - len(head_text.encode()) - len(tail_text.encode()), 0)
         note = f"\n\n[... about {cut} bytes of output cut (limit {limit} characters) ...]\n\n"
         return head_text + note + tail_text, cut
 
