@@ -185,3 +185,38 @@ def test_duplicate_tool_names_are_refused() -> None:
 
     with pytest.raises(TaskLoadError, match="more than once"):
         asyncio.run(main())
+
+
+def test_the_same_server_serves_streamable_http() -> None:
+    """External CLI agents will reach the very same tool server over streamable HTTP."""
+    import socket
+
+    import uvicorn
+
+    async def main() -> tuple[list[str], str]:
+        cfg = config()
+        tools = await bind_tools(cfg, make_task(["bash"])(cfg))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        app = build_server(tools).server.streamable_http_app()
+        http = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        serving = asyncio.create_task(http.serve(sockets=[sock]))
+        try:
+            while not http.started:
+                await asyncio.sleep(0.01)
+            async with Client(f"http://127.0.0.1:{port}/mcp", cache=None) as client:
+                names = [t.name for t in (await client.list_tools()).tools]
+                result = await client.call_tool("bash", {"command": "echo over-http"})
+                block = result.content[0]
+                assert isinstance(block, types.TextContent)
+                return names, block.text
+        finally:
+            http.should_exit = True
+            await serving
+            sock.close()
+            await close_tools(tools)
+
+    names, text = asyncio.run(main())
+    assert names == ["bash"]
+    assert text == "over-http\n"
