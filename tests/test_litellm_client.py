@@ -17,7 +17,12 @@ from karotte.config import EvaluationRunConfig
 from karotte.errors import ConfigError, ModelError
 from karotte.sandbox.litellm_client import LiteLLMClient
 from karotte.sandbox.model_client import ModelReply
-from karotte.sandbox.retry import ModelCallFailed, RetryPolicy, parse_retry_after
+from karotte.sandbox.retry import (
+    ModelCallFailed,
+    RetryPolicy,
+    call_with_retries,
+    parse_retry_after,
+)
 from karotte.schemas import Message
 
 PROVIDER_NAMES = ["anthropic", "openai"]
@@ -363,3 +368,111 @@ def test_malformed_tool_arguments_are_kept(provider: str) -> None:
 def test_parse_retry_after(raw: str, expected: float | None) -> None:
     now = email.utils.parsedate_to_datetime("Wed, 02 Dec 2026 18:00:00 GMT").timestamp()
     assert parse_retry_after(raw, now) == expected
+
+
+# ---- the retry helper with a fake clock (no HTTP) -----------------------------------------------
+
+
+class FakeTime:
+    """A clock that only moves when someone sleeps; records every requested sleep."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class HTTPFailure(Exception):
+    def __init__(self, status: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"status {status}")
+        self.status_code = status
+        self.headers = headers or {}
+
+
+def flaky(failures: list[Exception]) -> Any:
+    calls = []
+
+    async def call() -> str:
+        calls.append(1)
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+
+    call.calls = calls  # type: ignore[attr-defined]
+    return call
+
+
+def test_backoff_doubles_with_bounded_jitter_and_stops_at_the_budget() -> None:
+    fake = FakeTime()
+    policy = RetryPolicy(
+        budget_s=20, base_delay_s=1, max_delay_s=8, jitter=0.25, sleep=fake.sleep, clock=fake.clock
+    )
+    call = flaky([HTTPFailure(503) for _ in range(100)])
+    with pytest.raises(ModelCallFailed, match="retry budget of 20s used up") as caught:
+        asyncio.run(call_with_retries(call, policy))
+    # 1, 2, 4, 8, 8 (capped) ... each with up to 25 % jitter; the last wait is cut to the budget
+    bases = [1, 2, 4, 8, 8]
+    for slept, base in zip(fake.sleeps, bases, strict=False):
+        assert base <= slept <= base * 1.25 or slept == pytest.approx(20 - sum(fake.sleeps[:-1]))
+    assert sum(fake.sleeps) == pytest.approx(20)
+    assert caught.value.attempts == len(fake.sleeps) + 1
+    assert caught.value.status == 503
+
+
+def test_jitter_varies_the_delay() -> None:
+    fake = FakeTime()
+    values = iter([0.0, 1.0])
+    policy = RetryPolicy(
+        budget_s=60, base_delay_s=2, sleep=fake.sleep, clock=fake.clock, rand=lambda: next(values)
+    )
+    asyncio.run(call_with_retries(flaky([HTTPFailure(500), HTTPFailure(500)]), policy))
+    assert fake.sleeps == [2.0, 4.0 * 1.25]
+
+
+def test_retry_after_from_a_plain_headers_dict_is_honoured() -> None:
+    fake = FakeTime()
+    policy = RetryPolicy(budget_s=60, jitter=0.0, sleep=fake.sleep, clock=fake.clock)
+    failures: list[Exception] = [HTTPFailure(429, {"Retry-After": "7"})]
+    assert asyncio.run(call_with_retries(flaky(failures), policy)) == "ok"
+    assert fake.sleeps == [7.0]
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+def test_client_errors_are_not_retried(status: int) -> None:
+    fake = FakeTime()
+    policy = RetryPolicy(sleep=fake.sleep, clock=fake.clock)
+    call = flaky([HTTPFailure(status)])
+    with pytest.raises(ModelCallFailed, match="not retryable"):
+        asyncio.run(call_with_retries(call, policy))
+    assert fake.sleeps == []
+    assert len(call.calls) == 1
+
+
+def test_zero_budget_means_no_retry() -> None:
+    fake = FakeTime()
+    call = flaky([HTTPFailure(500)])
+    with pytest.raises(ModelCallFailed):
+        asyncio.run(call_with_retries(call, RetryPolicy(0, sleep=fake.sleep, clock=fake.clock)))
+    assert len(call.calls) == 1
+
+
+def test_unexpected_exceptions_become_model_errors() -> None:
+    async def broken() -> None:
+        raise RuntimeError("weird")
+
+    with pytest.raises(ModelError, match="weird"):
+        asyncio.run(call_with_retries(broken, RetryPolicy()))
+
+
+def test_cancellation_is_not_swallowed() -> None:
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(call_with_retries(cancelled, RetryPolicy()))
