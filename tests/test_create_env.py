@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -138,6 +139,35 @@ def test_cli_creates_default_env_with_lock(tmp_path: Path) -> None:
     assert 'name = "karotte"' in lock and ".karotte/karotte-" in lock
     assert 'exclude-newer-span = "P7D"' in lock
     assert (target / "src/environment/tasks/example_task/score_answer.py").is_file()
+
+
+def test_repacked_wheel_matches_the_built_one(tmp_path: Path) -> None:
+    """The fallback (no uv, or an installed karotte) packs the same files as `uv build`."""
+    import zipfile
+
+    from karotte.host import vendor
+
+    built = vendor.build_karotte_wheel(tmp_path / "built")
+    repacked = vendor._repack_installed(tmp_path)
+    assert repacked.name == built.name
+
+    def package_files(wheel: Path) -> dict[str, bytes]:
+        with zipfile.ZipFile(wheel) as archive:
+            return {n: archive.read(n) for n in archive.namelist() if n.startswith("karotte/")}
+
+    assert package_files(repacked) == package_files(built)
+    with zipfile.ZipFile(repacked) as archive:
+        names = set(archive.namelist())
+        record = archive.read(f"karotte-{__version__}.dist-info/RECORD").decode()
+        entry_points = archive.read(f"karotte-{__version__}.dist-info/entry_points.txt").decode()
+        for line in record.splitlines():
+            name, digest, _size = line.split(",")
+            assert name in names
+            if digest:
+                data = archive.read(name)
+                expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                assert digest == f"sha256={expected.decode()}"
+    assert "karotte = karotte.cli:main" in entry_points
 
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:

@@ -4,7 +4,8 @@ The package index may not serve ``karotte`` (or not the version a user runs from
 ``create-env`` and ``update`` put a wheel of the very Karotte that runs them into the
 environment's ``.karotte/`` directory and point ``[tool.uv.sources]`` at it. The wheel is built
 from the source checkout (``uv build --wheel``) when Karotte runs from one, and otherwise repacked
-from the installed distribution's files.
+from the package directory and the installed distribution's metadata otherwise (or when uv is
+missing).
 """
 
 from __future__ import annotations
@@ -74,12 +75,8 @@ def build_karotte_wheel(out_dir: Path) -> Path:
 
 def _build_from_checkout(root: Path, out_dir: Path) -> Path:
     uv = shutil.which("uv")
-    if uv is None:
-        raise ConfigError(
-            f"Karotte runs from the source checkout {root}, and building its wheel needs uv, "
-            "which is not on PATH. Install uv (https://docs.astral.sh/uv/), or pass "
-            "--karotte-from-index to depend on a released karotte instead."
-        )
+    if uv is None:  # no build front-end: pack the package directory as it is
+        return _repack_installed(out_dir)
     proc = subprocess.run(
         [uv, "build", "--wheel", "--quiet", "--out-dir", str(out_dir), str(root)],
         capture_output=True,
@@ -97,7 +94,8 @@ def _build_from_checkout(root: Path, out_dir: Path) -> Path:
 
 
 def _repack_installed(out_dir: Path) -> Path:
-    """Rebuild a wheel from the installed ``karotte`` distribution's recorded files."""
+    """Make a wheel from the imported ``karotte`` package directory and the installed
+    distribution's metadata (works for regular and editable installs)."""
     try:
         dist = importlib.metadata.distribution("karotte")
     except importlib.metadata.PackageNotFoundError as exc:
@@ -105,21 +103,32 @@ def _repack_installed(out_dir: Path) -> Path:
             "Karotte is neither run from a source checkout nor installed as a distribution, so "
             "no wheel of it can be made; pass --karotte-from-index"
         ) from exc
-    files = dist.files or []
     dist_info = f"karotte-{dist.version}.dist-info"
-    skipped = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
-    records: list[tuple[str, str, str]] = []
+    package_dir = Path(karotte.__file__).resolve().parent
+    entries: list[tuple[str, bytes]] = []
+    for path in sorted(package_dir.rglob("*")):
+        rel = path.relative_to(package_dir)
+        if path.is_dir() or "__pycache__" in rel.parts or path.suffix in (".pyc", ".pyo"):
+            continue
+        entries.append((f"karotte/{rel.as_posix()}", path.read_bytes()))
+    kept_metadata = ("METADATA", "entry_points.txt", "licenses/")
+    for file in dist.files or []:
+        name = file.as_posix()
+        if not name.startswith(f"{dist_info}/"):
+            continue
+        inner = name.split("/", 1)[1]
+        if inner.startswith(kept_metadata):
+            entries.append((name, Path(str(file.locate())).read_bytes()))
+    if not any(name == f"{dist_info}/METADATA" for name, _ in entries):
+        raise ConfigError(f"the installed karotte {dist.version} has no METADATA to repack")
+    wheel_meta = (
+        "Wheel-Version: 1.0\nGenerator: karotte-repack\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    entries.append((f"{dist_info}/WHEEL", wheel_meta.encode()))
+    records = []
     target = out_dir / wheel_name(dist.version)
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
-        for file in files:
-            name = file.as_posix()
-            if name.startswith("..") or "__pycache__" in name or name.endswith(".pyc"):
-                continue
-            if not (name.startswith(("karotte/", f"{dist_info}/"))):
-                continue
-            if name.startswith(f"{dist_info}/") and name.split("/", 1)[1] in skipped:
-                continue
-            data = Path(str(file.locate())).read_bytes()
+        for name, data in entries:
             wheel.writestr(name, data)
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
             records.append((name, f"sha256={digest.decode()}", str(len(data))))
@@ -128,10 +137,4 @@ def _repack_installed(out_dir: Path) -> Path:
         writer.writerows(records)
         writer.writerow((f"{dist_info}/RECORD", "", ""))
         wheel.writestr(f"{dist_info}/RECORD", buffer.getvalue())
-    if not any(r[0] == "karotte/__init__.py" for r in records):
-        target.unlink()
-        raise ConfigError(
-            "the installed karotte distribution records no files, so no wheel of it can be "
-            "made; pass --karotte-from-index"
-        )
     return target
