@@ -2,13 +2,15 @@
 
     uv run python bench/bench_bash_tool.py [--calls 300] [--student-user NAME]
 
-Measures, in one process and one run:
+Measures, in one process and one run (1-3 interleaved call by call, so that a busy machine
+affects them alike):
 
 1. ``true`` through the real ToolBox (MCP client -> MCP server -> persistent bash session);
 2. ``true`` through the bash session alone (no MCP), to split the cost;
 3. ``subprocess.run(["bash", "-c", "true"])``, what a fresh shell per command costs;
 4. the harness's per-turn overhead: the builtin agent loop driving a zero-latency scripted
-   model whose every turn is one bash ``true`` call, minus the tool's own round trip.
+   model whose every turn is one bash ``true`` call, minus that call's own duration (model
+   call, events, message bookkeeping).
 
 Prints p50/p95 (ms) and the ratio of fresh-bash to persistent-tool p50.
 """
@@ -23,6 +25,7 @@ import time
 from typing import Any
 
 from karotte.config import EvaluationRunConfig
+from karotte.events import ToolCallCompleted
 from karotte.sandbox.agent import StepLimits, run_agent_step
 from karotte.sandbox.confinement.demote import demoted_env
 from karotte.sandbox.model_client import FakeModelClient
@@ -61,46 +64,40 @@ def line(name: str, samples: list[float]) -> str:
     )
 
 
-async def bench_toolbox(config: EvaluationRunConfig, calls: int) -> list[float]:
-    async with open_toolbox(config, BenchTask(config)) as box:
-        for _ in range(20):
-            await box.call("bash", {"command": "true"})
-        samples = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            result = await box.call("bash", {"command": "true"})
-            samples.append(time.perf_counter() - started)
-            assert not result.is_error, result.output
-        return samples
-
-
-async def bench_session(calls: int) -> list[float]:
+async def bench_interleaved(
+    config: EvaluationRunConfig, calls: int
+) -> tuple[list[float], list[float], list[float]]:
+    """ToolBox call, bare session call and fresh bash, interleaved: all see the same load."""
+    tool_s: list[float] = []
+    session_s: list[float] = []
+    fresh_s: list[float] = []
     session = BashSession(None, demoted_env(None), "/tmp", output_limit_chars=30_000)
     await session.start()
     try:
-        for _ in range(20):
-            await session.run("true", 10)
-        samples = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            await session.run("true", 10)
-            samples.append(time.perf_counter() - started)
-        return samples
+        async with open_toolbox(config, BenchTask(config)) as box:
+            for index in range(calls + 20):
+                started = time.perf_counter()
+                result = await box.call("bash", {"command": "true"})
+                middle = time.perf_counter()
+                await session.run("true", 10)
+                end = time.perf_counter()
+                subprocess.run(["bash", "-c", "true"], check=True)  # noqa: ASYNC221 - measured
+                done = time.perf_counter()
+                assert not result.is_error, result.output
+                if index >= 20:  # warm-up
+                    tool_s.append(middle - started)
+                    session_s.append(end - middle)
+                    fresh_s.append(done - end)
     finally:
         await session.close()
+    return tool_s, session_s, fresh_s
 
 
-def bench_fresh_bash(calls: int) -> list[float]:
-    samples = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        subprocess.run(["bash", "-c", "true"], check=True)
-        samples.append(time.perf_counter() - started)
-    return samples
-
-
-async def bench_agent_turns(config: EvaluationRunConfig, turns: int) -> list[float]:
-    """Per-turn wall time of the agent loop (model: scripted, zero latency; tool: bash true)."""
+async def bench_agent_turns(
+    config: EvaluationRunConfig, turns: int
+) -> tuple[list[float], list[float]]:
+    """Per-turn wall time of the agent loop (model: scripted, zero latency; tool: bash true),
+    and per turn that time minus the tool call's own duration: the harness's overhead."""
     script = [
         Message(
             role="assistant",
@@ -110,11 +107,12 @@ async def bench_agent_turns(config: EvaluationRunConfig, turns: int) -> list[flo
                 )
             ],
         )
-        for i in range(turns)
+        for i in range(turns + 1)
     ]
     model = FakeModelClient(script)
     recorder = EventRecorder(config.run_id, config.task_id, config.model)
-    samples: list[float] = []
+    per_turn: list[float] = []
+    overhead: list[float] = []
     async with open_toolbox(config, BenchTask(config)) as box:
         await box.call("bash", {"command": "true"})
         messages = [Message(role="system", content="bench"), Message(role="user", content="go")]
@@ -124,13 +122,14 @@ async def bench_agent_turns(config: EvaluationRunConfig, turns: int) -> list[flo
         def emit(event: Any) -> None:
             nonlocal last
             recorder.emit(event)
-            if getattr(event, "type", "") == "tool_call_completed":
+            if isinstance(event, ToolCallCompleted):
                 now = time.perf_counter()
-                samples.append(now - last)
+                per_turn.append(now - last)
+                overhead.append(now - last - event.duration_s)
                 last = now
 
         await run_agent_step(model, box, messages, limits, 0, emit)
-    return samples[1:]
+    return per_turn[1:], overhead[1:]
 
 
 def main() -> None:
@@ -140,17 +139,14 @@ def main() -> None:
     args = parser.parse_args()
     config = EvaluationRunConfig(task_id="bench", student_user=args.student_user)
 
-    toolbox = asyncio.run(bench_toolbox(config, args.calls))
-    session = asyncio.run(bench_session(args.calls))
-    fresh = bench_fresh_bash(args.calls)
-    turns = asyncio.run(bench_agent_turns(config, args.calls))
+    toolbox, session, fresh = asyncio.run(bench_interleaved(config, args.calls))
+    turns, overhead = asyncio.run(bench_agent_turns(config, args.calls))
 
     print(line("bash tool `true` via MCP ToolBox", toolbox))
     print(line("bash session `true` (no MCP)", session))
     print(line('subprocess.run(["bash","-c","true"])', fresh))
     print(line("agent loop turn (fake model + bash true)", turns))
-    overhead = [t - statistics.median(toolbox) for t in turns]
-    print(line("  harness overhead per turn (minus tool p50)", overhead))
+    print(line("  of which harness overhead (turn - tool call)", overhead))
     print(
         f"fresh bash p50 / persistent tool p50 = {pct(fresh, 0.5) / pct(toolbox, 0.5):.1f}x; "
         f"MCP layer adds {pct(toolbox, 0.5) - pct(session, 0.5):.3f} ms at p50"
