@@ -6,9 +6,7 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -37,9 +35,7 @@ def student(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StudentIdentit
     uid = _free_uid()
     name = f"kst{uid}"
     home = tmp_path_factory.mktemp(f"home-{uid}")
-    subprocess.run(
-        ["groupadd", "-g", str(uid), name], check=True, capture_output=True, timeout=30
-    )
+    subprocess.run(["groupadd", "-g", str(uid), name], check=True, capture_output=True, timeout=30)
     subprocess.run(
         ["useradd", "-u", str(uid), "-g", str(uid), "-M", "-d", str(home), "-s", "/bin/sh", name],
         check=True,
@@ -61,5 +57,3 @@ def student(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StudentIdentit
         subprocess.run(["userdel", name], check=False, capture_output=True, timeout=30)
         subprocess.run(["groupdel", name], check=False, capture_output=True, timeout=30)
         shutil.rmtree(home, ignore_errors=True)
-
-

@@ -41,7 +41,11 @@ for host, port in targets.values():
 
 student = Identity(name=str(uid), uid=uid, gid=gid, home="/")
 firewall = StudentFirewall(
-    uid, mode=mode, proxy_url="http://10.11.12.13:4000", harness_ports=[8002], backend=backend  # type: ignore[arg-type]
+    uid,
+    mode=mode,
+    proxy_url="http://10.11.12.13:4000",
+    harness_ports=[8002],
+    backend=backend,  # type: ignore[arg-type]
 )
 out: dict[str, object] = {}
 try:
@@ -51,7 +55,7 @@ try:
     out["root"] = {name: _try_connect(h, p, 1.0) for name, (h, p) in targets.items()}
     try:
         out["canary"] = run_canary(student, [8002])
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         out["canary_error"] = str(exc)
 finally:
     firewall.remove()

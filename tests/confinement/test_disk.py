@@ -66,7 +66,9 @@ def test_mount_is_nosuid_nodev_and_owned_by_the_student(
     student: Identity, quota: LoopQuota
 ) -> None:
     quota.create()
-    line = next(l for l in Path("/proc/mounts").read_text().splitlines() if f" {quota.path} " in l)
+    line = next(
+        line for line in Path("/proc/mounts").read_text().splitlines() if f" {quota.path} " in line
+    )
     assert "nosuid" in line and "nodev" in line
     st = os.stat(quota.path)
     assert (st.st_uid, st.st_gid) == (student.uid, student.gid)

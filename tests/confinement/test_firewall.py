@@ -21,9 +21,21 @@ BLOCKED = {"iptables": ("refused",), "nftables": ("refused", "timeout")}
 
 def _scenario(student: Identity, backend: str, mode: str) -> dict[str, object]:
     result = subprocess.run(
-        ["unshare", "--net", "--", sys.executable, str(SCENARIO),
-         str(student.uid), str(student.gid), backend, mode],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            "unshare",
+            "--net",
+            "--",
+            sys.executable,
+            str(SCENARIO),
+            str(student.uid),
+            str(student.gid),
+            backend,
+            mode,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     if result.returncode != 0 and "unshare failed" in result.stderr:
         pytest.skip(f"cannot create a network namespace: {result.stderr.strip()}")

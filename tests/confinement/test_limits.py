@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,8 +14,8 @@ from karotte.sandbox.confinement.limits import (
     AppliedLimits,
     LimitsOptions,
     apply_limits,
-    student_memory_bytes,
     sandbox_memory_bytes,
+    student_memory_bytes,
 )
 from karotte.sandbox.confinement.processes import processes_of_uid
 
@@ -56,7 +55,9 @@ def test_report_names_the_mechanism_of_each_limit(limits: AppliedLimits) -> None
 
 
 def test_student_memory_keeps_a_gib_for_the_harness() -> None:
-    assert student_memory_bytes() <= max(sandbox_memory_bytes() - (1 << 30), sandbox_memory_bytes() // 2)
+    assert student_memory_bytes() <= max(
+        sandbox_memory_bytes() - (1 << 30), sandbox_memory_bytes() // 2
+    )
 
 
 def test_memory_hog_is_killed_and_the_harness_survives(
@@ -64,7 +65,7 @@ def test_memory_hog_is_killed_and_the_harness_survives(
 ) -> None:
     _require_cgroup(limits, "memory")
     hog = (
-        f"{STUDENT_PY} -S -c \"b=[]\n"
+        f'{STUDENT_PY} -S -c "b=[]\n'
         "while True: b.append(bytearray(8 << 20)); b[-1][::4096]=b'x'*(len(b[-1])//4096)\""
     )
     started = time.monotonic()
@@ -102,7 +103,8 @@ def test_fork_bomb_is_stopped_by_the_pids_limit(
     # a bounded bomb: each process forks until fork fails; we stop it after a few seconds
     bomb = spawn_student(
         student,
-        f"{STUDENT_PY} -S -c 'import os,time\nwhile True:\n try: os.fork()\n except OSError: time.sleep(0.01)'",
+        f"{STUDENT_PY} -S -c 'import os,time\nwhile True:\n"
+        " try: os.fork()\n except OSError: time.sleep(0.01)'",
         before=limits.preexec,
     )
     try:
@@ -147,7 +149,7 @@ def test_watchdog_kills_when_no_kernel_limit(student: StudentIdentity, monkeypat
         hog = spawn_student(
             student,
             f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(len(b)//4096); "
-            "import time; time.sleep(60)\"",
+            'import time; time.sleep(60)"',
         )
         assert wait_until(lambda: hog.poll() is not None, 20), "watchdog did not kill the hog"
         assert hog.returncode == -9

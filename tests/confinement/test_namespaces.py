@@ -32,8 +32,13 @@ def _session(student: Identity, script: str) -> subprocess.Popen[str]:
     command, demoted = wrap_student_command(["/bin/sh", "-c", script], student)
     assert demoted
     return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, cwd=student.home, env={"PATH": "/usr/bin:/bin"},
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=student.home,
+        env={"PATH": "/usr/bin:/bin"},
     )
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from karotte.sandbox.confinement.demote import Identity
 from karotte.sandbox.confinement.sanitize import (
-    REEXEC_MARKER,
     UntrustedBinaryError,
     is_trusted_path,
     resolve_system_binary,

@@ -66,8 +66,9 @@ def test_full_setup_reports_every_mechanism_and_teardown_undoes_it(
         confinement.teardown()
         listener.close()
     assert active_limits() is None
-    assert f"KAROTTE-{os.getpid()}" not in subprocess.run(
-        ["iptables", "-S"], capture_output=True, text=True
-    ).stdout
+    assert (
+        f"KAROTTE-{os.getpid()}"
+        not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+    )
     assert f" {data} " not in Path("/proc/mounts").read_text()
     assert not Path(f"/sys/fs/cgroup/pids/karotte-student-setup-{student.uid}").exists()

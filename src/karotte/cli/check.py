@@ -62,3 +62,19 @@ def check(
         for problem in problems:
             err_console.print(f"[bold red]✗[/] {escape(problem)}")
         raise fail(f"{len(problems)} problem(s) found", code=1)
+
+
+@check_app.command("confinement")
+def check_confinement(
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Measure what this sandbox enforces for the student (as root); exit 1 if too little."""
+    from karotte.sandbox.confinement.selfcheck import render_selfcheck, run_selfcheck
+
+    try:
+        report = run_selfcheck()
+    except PermissionError as exc:
+        raise fail(str(exc), code=1) from exc
+    render_selfcheck(report, json_output)
+    if not report.ok:
+        raise typer.Exit(1)

@@ -318,9 +318,7 @@ def from_env(root: str) -> StudentCgroup:
     base = Path(root)
     if (base / "unified" / "cgroup.procs").exists():
         return CgroupV2(base / "unified", created=False)
-    dirs = {
-        name: base / name for name in V1_CONTROLLERS if (base / name / "cgroup.procs").exists()
-    }
+    dirs = {name: base / name for name in V1_CONTROLLERS if (base / name / "cgroup.procs").exists()}
     if not dirs:
         raise CgroupError(f"KAROTTE_CGROUP_ROOT={root} holds no usable cgroup directory")
     return CgroupV1(dirs, created=False)

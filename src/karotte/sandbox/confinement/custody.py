@@ -1,4 +1,4 @@
-"""Custody of submissions: the judge only ever sees a root-only copy taken after the student is gone.
+"""Custody of submissions: judges only see a root-only copy, taken after the student is gone.
 
 :func:`collect_submission` (what the harness calls before scoring a step with
 ``submission_paths``) does, in order:
@@ -19,6 +19,7 @@ directory holds a ``custody.json`` manifest of what was copied or missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -172,7 +173,9 @@ def _copy_file(
         _check_entry(path, st, options)  # again, on what we really opened
         budget.take(path, st.st_size)
         dst = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
             dir_fd=dst_dir,
         )
         copied = 0
@@ -221,7 +224,12 @@ def _copy_entry(
                     if count >= options.max_entries:
                         raise _refuse(path, f"holds more than {options.max_entries} entries")
                     total += _copy_entry(
-                        sub_src, entry.name, sub_dst, f"{path}/{entry.name}", options, budget,
+                        sub_src,
+                        entry.name,
+                        sub_dst,
+                        f"{path}/{entry.name}",
+                        options,
+                        budget,
                         depth + 1,
                     )
             return total
@@ -235,10 +243,8 @@ def _make_dirs(base_fd: int, relative: list[str]) -> int:
     """mkdir -p below ``base_fd`` (root-only, no symlinks); returns an fd of the last dir."""
     fd = os.dup(base_fd)
     for part in relative:
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(part, 0o700, dir_fd=fd)
-        except FileExistsError:
-            pass
         next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
         os.close(fd)
         fd = next_fd
@@ -312,8 +318,10 @@ def _exists(dir_fd: int, name: str) -> bool:
 def _write_manifest(dest_fd: int, manifest: dict[str, dict[str, object]]) -> None:
     data = json.dumps(manifest, indent=2).encode() + b"\n"
     fd = os.open(
-        "custody.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-        0o600, dir_fd=dest_fd,
+        "custody.json",
+        os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=dest_fd,
     )
     try:
         os.write(fd, data)
@@ -324,10 +332,8 @@ def _write_manifest(dest_fd: int, manifest: dict[str, dict[str, object]]) -> Non
 def _private_dir(path: Path) -> int:
     """Create ``path`` as a 0700 directory of ours (parents as needed) and return an fd to it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as exc:

@@ -52,7 +52,9 @@ def _tool(name: str) -> str:
 def _run(argv: list[str], what: str, timeout: float = 120) -> str:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if result.returncode != 0:
-        raise DiskQuotaUnavailable(f"{what} failed: {result.stderr.strip() or result.stdout.strip()}")
+        raise DiskQuotaUnavailable(
+            f"{what} failed: {result.stderr.strip() or result.stdout.strip()}"
+        )
     return result.stdout.strip()
 
 
@@ -78,7 +80,9 @@ class LoopQuota:
     uid: int
     gid: int
     image_dir: Path | None = None  # default: a root-only temp dir
-    mode: int | None = None  # mode of the mounted root dir (e.g. 0o1777 for /tmp); default: as before
+    mode: int | None = (
+        None  # mode of the mounted root dir (e.g. 0o1777 for /tmp); default: as before
+    )
     image: Path | None = None
     device: str | None = None
     mounted: bool = False
@@ -105,8 +109,17 @@ class LoopQuota:
             with open(self.image, "xb") as handle:
                 handle.truncate(self.size_bytes)
             argv = [
-                mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-N", str(self.inodes),
-                "-E", f"root_owner={self.uid}:{self.gid}",
+                mkfs,
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-O",
+                "^has_journal",
+                "-N",
+                str(self.inodes),
+                "-E",
+                f"root_owner={self.uid}:{self.gid}",
             ]
             if any(self.path.iterdir()):
                 argv += ["-d", str(self.path)]
@@ -134,13 +147,22 @@ class LoopQuota:
         """Unmount, detach and delete (idempotent; lazy unmount if the mount is busy)."""
         if self.mounted:
             umount = _tool("umount")
-            result = subprocess.run([umount, str(self.path)], capture_output=True, timeout=60, check=False)
+            result = subprocess.run(
+                [umount, str(self.path)], capture_output=True, timeout=60, check=False
+            )
             if result.returncode != 0:
-                subprocess.run([umount, "-l", str(self.path)], capture_output=True, timeout=60, check=False)
+                subprocess.run(
+                    [umount, "-l", str(self.path)], capture_output=True, timeout=60, check=False
+                )
             self.mounted = False
         if self.device:
             with contextlib.suppress(DiskQuotaUnavailable):
-                subprocess.run([_tool("losetup"), "-d", self.device], capture_output=True, timeout=60, check=False)
+                subprocess.run(
+                    [_tool("losetup"), "-d", self.device],
+                    capture_output=True,
+                    timeout=60,
+                    check=False,
+                )
             self.device = None
         if self.image is not None:
             self.image.unlink(missing_ok=True)

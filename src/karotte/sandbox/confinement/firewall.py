@@ -77,7 +77,7 @@ def proxy_targets(proxy_url: str | None) -> list[_Target]:
     if not parts.hostname:
         return []
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    targets = []
+    targets: list[_Target] = []
     try:
         infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
@@ -114,13 +114,17 @@ class StudentFirewall:
         allowed = [_Target("127.0.0.0/8" if version == 4 else "::1/128", None, version)]
         allowed += [t for t in proxy_targets(self.proxy_url) if t.family == version]
         if self.mode == "internal":
-            allowed += [_Target(n, None, version) for n in (PRIVATE_V4 if version == 4 else PRIVATE_V6)]
+            allowed += [
+                _Target(n, None, version) for n in (PRIVATE_V4 if version == 4 else PRIVATE_V6)
+            ]
         return allowed
 
     def _iptables_rules(self, version: int) -> list[list[str]]:
         rules: list[list[str]] = []
         for port in self.harness_ports:
-            rules.append(["-p", "tcp", "--dport", str(port), "-j", "REJECT", "--reject-with", "tcp-reset"])
+            rules.append(
+                ["-p", "tcp", "--dport", str(port), "-j", "REJECT", "--reject-with", "tcp-reset"]
+            )
             rules.append(["-p", "udp", "--dport", str(port), "-j", "REJECT"])
         if self.mode == "open":
             return rules
@@ -170,14 +174,13 @@ class StudentFirewall:
     def install(self) -> FirewallReport:
         backend = self._pick_backend()
         try:
-            if backend == "iptables":
-                ipv6 = self._install_iptables()
-            else:
-                ipv6 = self._install_nft()
+            ipv6 = self._install_iptables() if backend == "iptables" else self._install_nft()
         except BaseException:
             self.remove()
             raise
-        allowed = [t.network + (f":{t.port}" if t.port else "") for v in (4, 6) for t in self._allowed(v)]
+        allowed = [
+            t.network + (f":{t.port}" if t.port else "") for v in (4, 6) for t in self._allowed(v)
+        ]
         return FirewallReport(
             mode=self.mode,
             backend=f"{backend} (owner match on uid {self.uid})",
@@ -203,7 +206,9 @@ class StudentFirewall:
                 continue
             steps = [["-N", self.chain]]
             steps += [["-A", self.chain, *rule] for rule in self._iptables_rules(version)]
-            steps.append(["-I", "OUTPUT", "1", "-m", "owner", "--uid-owner", str(self.uid), "-j", self.chain])
+            steps.append(
+                ["-I", "OUTPUT", "1", "-m", "owner", "--uid-owner", str(self.uid), "-j", self.chain]
+            )
             for step in steps:
                 result = self._run([binary, "-w", "5", *step])
                 if result.returncode != 0:

@@ -31,7 +31,7 @@ DEFAULT_FILE_SIZE_BYTES = 16 * GIB
 
 
 class LimitsOptions(BaseModel):
-    """What to limit. ``None`` memory = (sandbox memory − 1 GiB kept for the harness)."""
+    """What to limit. ``None`` memory = (sandbox memory - 1 GiB kept for the harness)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -185,9 +185,11 @@ class AppliedLimits:
         """
         if self.cgroup is not None:
             self.cgroup.add_pid(0)
-        with contextlib.suppress(OSError):
-            with open("/proc/self/oom_score_adj", "w", encoding="ascii") as handle:
-                handle.write(str(self.options.oom_score_adj))
+        with (
+            contextlib.suppress(OSError),
+            open("/proc/self/oom_score_adj", "w", encoding="ascii") as handle,
+        ):
+            handle.write(str(self.options.oom_score_adj))
         for limit, value in self._rlimits():
             with contextlib.suppress(ValueError, OSError):
                 resource.setrlimit(limit, (value, value))
@@ -280,7 +282,8 @@ def apply_limits(identity: Identity, options: LimitsOptions | None = None) -> Ap
         pids.mechanism += " + RLIMIT_NPROC (per uid)"
     swap = (
         Enforcement(value=0, mechanism=mem.mechanism)
-        if mem.mechanism.startswith("cgroup") and ("memsw" in mem.mechanism or "swap" in mem.mechanism)
+        if mem.mechanism.startswith("cgroup")
+        and ("memsw" in mem.mechanism or "swap" in mem.mechanism)
         else Enforcement(value=None, mechanism="none", detail=_swap_detail())
     )
     report = LimitsReport(
@@ -296,7 +299,9 @@ def apply_limits(identity: Identity, options: LimitsOptions | None = None) -> Ap
         cpu=cpu or Enforcement(value=None, mechanism="none", detail="not requested"),
         file_size=Enforcement(value=options.file_size_bytes, mechanism="RLIMIT_FSIZE"),
         core_dumps=Enforcement(value=0, mechanism="RLIMIT_CORE"),
-        oom_score_adj=Enforcement(value=options.oom_score_adj, mechanism="/proc/<pid>/oom_score_adj"),
+        oom_score_adj=Enforcement(
+            value=options.oom_score_adj, mechanism="/proc/<pid>/oom_score_adj"
+        ),
         watchdog=watched,
     )
     return AppliedLimits(identity, options, cgroup, report, watchdog)

@@ -9,8 +9,9 @@ started *as root* (``unshare`` needs ``CAP_SYS_ADMIN``; ``setpriv`` then drops t
 good). The session's first process is PID 1 of its namespace: when it dies, or when the ``unshare``
 parent is killed with :func:`kill_session`, the kernel kills every process of the session,
 however it forked. (``--kill-child`` alone is not enough: the kernel clears the parent-death
-signal when ``setpriv`` changes the uid, so :func:`kill_session` kills the namespace's PID 1.) ``kill(-1)`` inside a session reaches only that session. SysV IPC objects made inside
-the session live in its own IPC namespace and vanish with it; the harness's are out of reach.
+signal when ``setpriv`` changes the uid, so :func:`kill_session` kills the namespace's PID 1.)
+``kill(-1)`` inside a session reaches only that session. SysV IPC objects made inside the
+session live in its own IPC namespace and vanish with it; the harness's are out of reach.
 
 When namespaces are unavailable (not root, no ``unshare``, a runtime that forbids them) the
 function returns ``argv`` unchanged and ``demoted=False``: the caller must then demote the child
@@ -81,9 +82,15 @@ def wrap_student_command(
     unshare = resolve_system_binary("unshare")
     setpriv = resolve_system_binary("setpriv")
     command = [
-        unshare, *flags, "--",
-        setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
-        "--no-new-privs", "--",
+        unshare,
+        *flags,
+        "--",
+        setpriv,
+        f"--reuid={identity.uid}",
+        f"--regid={identity.gid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
         *argv,
     ]
     return command, True

@@ -7,6 +7,7 @@ ignored: they cannot run, hold no memory and disappear when their parent reaps t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -14,7 +15,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from karotte.errors import StudentMisbehaviorError
-from karotte.sandbox.confinement.demote import DemotedCallCrashed, DemotedCallTimeout, Identity, run_as
+from karotte.sandbox.confinement.demote import (
+    DemotedCallCrashed,
+    DemotedCallTimeout,
+    Identity,
+    run_as,
+)
 
 
 @dataclass(frozen=True)
@@ -70,10 +76,8 @@ def processes_of_uid(uid: int, include_zombies: bool = False) -> list[ProcInfo]:
 def _kill_minus_one() -> bool:
     # kill(-1) from inside the uid: every process the uid may signal, all at once, atomically
     # with respect to fork (the kernel walks the task list under a lock).
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     return True
 
 
@@ -135,9 +139,8 @@ def kill_student_processes(
             else:
                 if "cgroup" not in report.mechanisms:
                     report.mechanisms.append("cgroup")
-        if kill_all_as(uid, gid):
-            if "kill(-1) as student" not in report.mechanisms:
-                report.mechanisms.append("kill(-1) as student")
+        if kill_all_as(uid, gid) and "kill(-1) as student" not in report.mechanisms:
+            report.mechanisms.append("kill(-1) as student")
         survivors = [p for p in processes_of_uid(uid) if p.pid not in excluded]
         for proc in survivors:
             if kill_if_owned(proc.pid, uid):

@@ -139,7 +139,7 @@ def sanitize_and_reexec(argv: list[str] | None = None) -> bool:
     args = argv if argv is not None else list(sys.orig_argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *args[1:]], clean)
+    os.execve(sys.executable, [sys.executable, *args[1:]], clean)  # noqa: S606
     raise AssertionError("unreachable")  # pragma: no cover
 
 

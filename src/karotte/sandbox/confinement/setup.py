@@ -106,7 +106,9 @@ def setup_confinement(
         report: dict[str, Any] = confinement.limits.report.event_payload()
         report["sandbox"] = os.environ.get("KAROTTE_SANDBOX")
         report["disk"] = _setup_disk(confinement, identity, options)
-        report["network"] = _setup_network(confinement, identity, config, harness_ports or [], options)
+        report["network"] = _setup_network(
+            confinement, identity, config, harness_ports or [], options
+        )
         support = namespace_support()
         report["namespaces"] = {
             "pid": "per session (unshare --pid)" if support.pid else f"none ({support.detail})",
@@ -129,7 +131,10 @@ def _setup_disk(
     results: list[dict[str, Any]] = []
     for path in paths:
         quota = LoopQuota(
-            Path(path), size_bytes=size, inodes=options.disk_inodes, uid=identity.uid,
+            Path(path),
+            size_bytes=size,
+            inodes=options.disk_inodes,
+            uid=identity.uid,
             gid=identity.gid,
         )
         try:
