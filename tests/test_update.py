@@ -183,3 +183,18 @@ def test_binary_conflict_keeps_the_users_file(
     assert report.conflicts == ["blob.bin"]
     assert (env / "blob.bin").read_bytes() == b"\x00mine"
     assert (env / "blob.bin.template").read_bytes() == binary
+
+
+@pytest.mark.parametrize("bad", ["../outside.txt", "/etc/passwd", "a/../../b"])
+def test_manifest_paths_must_stay_inside(template_root: Path, tmp_path: Path, bad: str) -> None:
+    """A tampered manifest cannot make update touch files outside the environment."""
+    _, env = _env(template_root, tmp_path)
+    victim = tmp_path / "outside.txt"
+    victim.write_text("precious\n")
+    data = json.loads((env / ".manifest.json").read_text())
+    data["base_files"][bad] = "0" * 64
+    (env / ".manifest.json").write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["update", str(env), "--no-lock"])
+    assert result.exit_code == 2
+    assert "is not inside the environment" in " ".join(result.output.split())
+    assert victim.read_text() == "precious\n"

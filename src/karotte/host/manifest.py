@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from karotte.config import format_validation_error
 from karotte.errors import ConfigError
@@ -67,6 +67,25 @@ class Manifest(BaseModel):
     )
     created_at: str = Field(default_factory=now_iso)
     updated_at: str = Field(default_factory=now_iso)
+
+    @field_validator("base_files")
+    @classmethod
+    def _inside_the_environment(cls, value: dict[str, str]) -> dict[str, str]:
+        # `update` reads, writes and deletes these paths: never let one point outside
+        for rel in value:
+            pure = PurePosixPath(rel)
+            if pure.is_absolute() or ".." in pure.parts or not pure.parts or "\\" in rel:
+                raise ValueError(f"path {rel!r} is not inside the environment")
+        return value
+
+    @field_validator("karotte_source")
+    @classmethod
+    def _wheel_inside(cls, value: KarotteSource) -> KarotteSource:
+        if value.path is not None:
+            pure = PurePosixPath(value.path)
+            if pure.is_absolute() or ".." in pure.parts:
+                raise ValueError(f"wheel path {value.path!r} is not inside the environment")
+        return value
 
     @classmethod
     def load(cls, env_dir: Path) -> Manifest:
