@@ -220,3 +220,19 @@ def test_the_same_server_serves_streamable_http() -> None:
     names, text = asyncio.run(main())
     assert names == ["bash"]
     assert text == "over-http\n"
+
+
+def test_check_task_tools_validates_without_starting_anything() -> None:
+    from karotte.sandbox.tools.registry import check_task_tools
+
+    cfg = config()
+    assert check_task_tools(cfg, make_task(["bash", "view_lines_in_file"])(cfg)) == [
+        "bash",
+        "view_lines_in_file",
+    ]
+    with pytest.raises(TaskLoadError, match="unknown tool 'nope'"):
+        check_task_tools(cfg, make_task(["nope"])(cfg))
+    with pytest.raises(TaskLoadError, match="max_file_bytes"):
+        check_task_tools(
+            cfg, make_task(["replace_in_file"], {"replace_in_file": {"max_file_bytes": 0}})(cfg)
+        )

@@ -196,10 +196,7 @@ def default_workdir(identity: Identity | None) -> str:
     return DEFAULT_WORKDIR if os.path.isdir(DEFAULT_WORKDIR) else identity.home
 
 
-async def bind_tools(
-    config: EvaluationRunConfig, task: Task, package: str = f"{ENVIRONMENT_PACKAGE}.tools"
-) -> list[BoundTool]:
-    """Resolve, configure and start the task's tools. Close them with :func:`close_tools`."""
+def _task_tools(config: EvaluationRunConfig, task: Task) -> tuple[list[str], dict[str, Any]]:
     try:
         names = list(task.tools)
         raw_options = task.configure_tools()
@@ -209,6 +206,27 @@ async def bind_tools(
         ) from exc
     if not all(isinstance(n, str) for n in names):
         raise TaskLoadError("task.tools must be a list of tool names (strings)")
+    return names, raw_options
+
+
+def check_task_tools(
+    config: EvaluationRunConfig, task: Task, package: str = f"{ENVIRONMENT_PACKAGE}.tools"
+) -> list[str]:
+    """Validate ``task.tools`` and ``task.configure_tools()`` without starting anything.
+
+    For ``karotte check``: raises :class:`TaskLoadError` like :func:`bind_tools` would; returns
+    the tool names.
+    """
+    names, raw_options = _task_tools(config, task)
+    validate_options(resolve_definitions(names, package), raw_options)
+    return names
+
+
+async def bind_tools(
+    config: EvaluationRunConfig, task: Task, package: str = f"{ENVIRONMENT_PACKAGE}.tools"
+) -> list[BoundTool]:
+    """Resolve, configure and start the task's tools. Close them with :func:`close_tools`."""
+    names, raw_options = _task_tools(config, task)
     definitions = resolve_definitions(names, package)
     options = validate_options(definitions, raw_options)
     identity = tool_identity(config)
