@@ -198,3 +198,31 @@ def test_manifest_paths_must_stay_inside(template_root: Path, tmp_path: Path, ba
     assert result.exit_code == 2
     assert "is not inside the environment" in " ".join(result.output.split())
     assert victim.read_text() == "precious\n"
+
+
+def test_relock_records_the_new_wheels_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same version, different karotte code: update vendors the new wheel and the lock follows."""
+    import shutil
+    import zipfile
+
+    from karotte.host import vendor
+
+    env = tmp_path / "env"
+    create_env(env, ["default"], lock=True)
+    manifest = Manifest.load(env)
+    old_hash = manifest.karotte_source.sha256
+    assert f"sha256:{old_hash}" in (env / "uv.lock").read_text()
+    changed = tmp_path / "changed" / Path(manifest.karotte_source.path or "").name
+    changed.parent.mkdir()
+    shutil.copyfile(env / (manifest.karotte_source.path or ""), changed)
+    with zipfile.ZipFile(changed, "a") as wheel:
+        wheel.writestr("karotte/_changed.txt", "a change in karotte\n")
+    monkeypatch.setitem(vendor._cache, manifest.karotte_version, changed)
+    report = update_env(env, lock=True)
+    assert report.lock is not None and report.lock.ok, report.lock
+    new_hash = Manifest.load(env).karotte_source.sha256
+    assert new_hash == hashlib.sha256(changed.read_bytes()).hexdigest() != old_hash
+    lock = (env / "uv.lock").read_text()
+    assert f"sha256:{new_hash}" in lock and f"sha256:{old_hash}" not in lock

@@ -137,7 +137,9 @@ def uv_lock(env_dir: Path) -> LockResult:
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "UV_PROJECT"}}
     try:
         proc = subprocess.run(
-            [uv, "lock", "--quiet"],
+            # --upgrade-package: the vendored wheel keeps its name across karotte changes of
+            # the same version, and a plain `uv lock` would keep the old wheel's hash
+            [uv, "lock", "--quiet", "--upgrade-package", "karotte"],
             cwd=env_dir,
             capture_output=True,
             text=True,
