@@ -192,3 +192,25 @@ def test_token_usage_is_recorded_per_turn(provider: str) -> None:
     ]
     latencies = [e.model_latency_s for e in events if isinstance(e, MessageAdded) and e.usage]
     assert all(latency is not None and latency > 0 for latency in latencies)
+
+
+def test_reasoning_is_kept_and_signed_thinking_goes_back_with_the_tool_call(provider: str) -> None:
+    script = [
+        StubReply(
+            thinking="2 plus 3, use the tool.",
+            tool_calls=[StubToolCall("c1", "add", '{"a":2,"b":3}')],
+        ),
+        StubReply(text="5"),
+    ]
+    with ProviderStub(script) as stub:
+        _, _, messages, _, _ = run_step(provider, stub)
+    assert messages[2].reasoning_content == "2 plus 3, use the tool."
+    if provider == "anthropic":
+        # with extended thinking on, Anthropic refuses a tool-use turn sent back without its
+        # signed thinking block: it must come back first in that assistant message
+        [sent] = [m for m in stub.requests[1].body["messages"] if m["role"] == "assistant"]
+        first = sent["content"][0]
+        assert first["type"] == "thinking"
+        assert first["thinking"] == "2 plus 3, use the tool."
+        assert first["signature"].startswith("sig-")
+        assert sent["content"][1]["type"] == "tool_use"

@@ -29,6 +29,7 @@ class StubReply:
 
     text: str = ""
     tool_calls: list[StubToolCall] = field(default_factory=list)
+    thinking: str = ""  # Anthropic: a signed thinking block; OpenAI: reasoning_content
     input_tokens: int = 11
     output_tokens: int = 7
     cached_tokens: int = 0
@@ -160,6 +161,9 @@ def _error_body(error: StubError, anthropic: bool) -> dict[str, Any]:
 
 def _anthropic_reply(reply: StubReply, model: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
+    if reply.thinking:
+        signature = f"sig-{abs(hash(reply.thinking)) % 10**8}"
+        content.append({"type": "thinking", "thinking": reply.thinking, "signature": signature})
     if reply.text:
         content.append({"type": "text", "text": reply.text})
     for call in reply.tool_calls:
@@ -189,6 +193,8 @@ def _anthropic_reply(reply: StubReply, model: str) -> dict[str, Any]:
 
 def _openai_reply(reply: StubReply, model: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.thinking:
+        message["reasoning_content"] = reply.thinking
     if reply.tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

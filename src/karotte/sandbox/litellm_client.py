@@ -66,6 +66,10 @@ class LiteLLMClient:
         )
         self.retry = retry if retry is not None else RetryPolicy(config.model_retry_budget_s)
         self.request_timeout_s = request_timeout_s
+        # Signed thinking blocks of assistant turns with tool calls, by their first call's id.
+        # Anthropic refuses a tool-use turn sent back without them while thinking is on, and
+        # our Message has no field for them, so the client keeps them for the run.
+        self._thinking_blocks: dict[str, list[dict[str, Any]]] = {}
 
     def request(self, messages: list[Message], tools: list[dict[str, Any]]) -> dict[str, Any]:
         """The keyword arguments of the ``litellm.acompletion`` call."""
@@ -97,7 +101,12 @@ class LiteLLMClient:
         that follows already tells the model its call was malformed.
         """
         data = message.to_litellm()
-        if self.config.model.startswith(_VERBATIM_ARGUMENT_PROVIDERS) or not message.tool_calls:
+        if not message.tool_calls:
+            return data
+        blocks = self._thinking_blocks.get(message.tool_calls[0].id)
+        if blocks and message.role == "assistant":
+            data["thinking_blocks"] = blocks
+        if self.config.model.startswith(_VERBATIM_ARGUMENT_PROVIDERS):
             return data
         for call in data.get("tool_calls", []):
             try:
@@ -119,7 +128,11 @@ class LiteLLMClient:
             return await litellm.acompletion(**kwargs)
 
         response = await call_with_retries(attempt, self.retry, what=f"model {self.config.model}")
-        return to_model_reply(response, latency_s=time.monotonic() - attempt_started)
+        reply = to_model_reply(response, latency_s=time.monotonic() - attempt_started)
+        blocks = thinking_blocks(response)
+        if blocks and reply.message.tool_calls:
+            self._thinking_blocks[reply.message.tool_calls[0].id] = blocks
+        return reply
 
 
 def to_model_reply(response: Any, latency_s: float) -> ModelReply:
@@ -145,6 +158,15 @@ def to_model_reply(response: Any, latency_s: float) -> ModelReply:
     return ModelReply(
         message=message, usage=token_usage(getattr(response, "usage", None)), latency_s=latency_s
     )
+
+
+def thinking_blocks(response: Any) -> list[dict[str, Any]]:
+    """The provider's (signed) thinking blocks of the reply, as litellm exposes them."""
+    choices = getattr(response, "choices", None) or []
+    blocks = getattr(choices[0].message, "thinking_blocks", None) if choices else None
+    if not isinstance(blocks, list):
+        return []
+    return [dict(block) for block in blocks if isinstance(block, dict)]
 
 
 def _tool_call(raw: Any) -> ChatCompletionMessageToolCall:
