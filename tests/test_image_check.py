@@ -103,10 +103,20 @@ def test_clean_configs_and_machine_keys_are_not_findings(tmp_path: Path) -> None
 
 def test_secret_environment_variables() -> None:
     findings = check_environment(
-        {"PATH": "/usr/bin", "HF_TOKEN": "hf_x", "OPENAI_API_KEY": "sk", "GITHUB_TOKEN": ""}
+        {
+            "PATH": "/usr/bin",
+            "HF_TOKEN": "hf_abcdefghijkl",
+            "OPENAI_API_KEY": "sk-proj-0123456789",
+            "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG",
+            "GITHUB_TOKEN": "",
+            "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+            "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json",
+            "NPM_TOKEN_FILE": "run-secrets-npm-token",
+            "GPG_KEY": "A035C8C19219BA821ECEA86B64E628F8D684696D",
+        }
     )
-    assert [f.path for f in findings] == ["$HF_TOKEN", "$OPENAI_API_KEY"]
-    assert "sk" not in str(findings)  # values are never printed
+    assert [f.path for f in findings] == ["$AWS_SECRET_ACCESS_KEY", "$HF_TOKEN", "$OPENAI_API_KEY"]
+    assert "sk-proj" not in str(findings)  # values are never printed
 
 
 # ---- as root, with a real throwaway student -------------------------------------------------

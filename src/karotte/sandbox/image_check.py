@@ -176,9 +176,20 @@ _PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]+ )?PRIVATE KEY-----")
 # keys that packages generate at install time for the machine itself, not anyone's credentials
 _MACHINE_KEYS = re.compile(r"^etc/(ssh/ssh_host_[a-z0-9]+_key|ssl/private/ssl-cert-snakeoil\.key)$")
 _SECRET_ENV = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIALS?$|PRIVATE_KEY|AUTH_?KEY)",
+    re.I,
 )
-_HARMLESS_ENV = frozenset({"PIP_DISABLE_PIP_VERSION_CHECK", "KAROTTE_AUTH_DISABLED"})
+# names that point at something (the file scan covers the file) rather than hold it
+_REFERENCE_ENV = re.compile(r"_(FILE|PATH|DIR|URL_FILE)$", re.I)
+
+
+def _looks_like_a_secret(name: str, value: str) -> bool:
+    """A secret-looking name with a value long enough to be one (flags like ``=1`` and paths
+    are not secrets)."""
+    if not _SECRET_ENV.search(name) or _REFERENCE_ENV.search(name):
+        return False
+    value = value.strip()
+    return len(value) >= 8 and not value.startswith("/") and value.lower() not in {"true", "false"}
 
 
 def _head(path: Path, size: int) -> bytes:
@@ -279,7 +290,7 @@ def check_environment(env: Mapping[str, str]) -> list[Finding]:
             "pass it when the run starts",
         )
         for name, value in sorted(env.items())
-        if value and _SECRET_ENV.search(name) and name not in _HARMLESS_ENV
+        if _looks_like_a_secret(name, value)
     ]
 
 
