@@ -16,7 +16,11 @@ from karotte.sandbox.confinement.firewall import CanaryError, StudentFirewall, r
 pytestmark = pytest.mark.requires_root
 
 SCENARIO = Path(__file__).with_name("netns_scenario.py")
-BLOCKED = {"iptables": ("refused",), "nftables": ("refused", "timeout")}
+BLOCKED = {
+    "iptables": ("refused",),
+    "iptables-legacy": ("refused",),
+    "nftables": ("refused", "timeout"),
+}
 
 
 def _scenario(student: Identity, backend: str, mode: str) -> dict[str, object]:
@@ -43,7 +47,7 @@ def _scenario(student: Identity, backend: str, mode: str) -> dict[str, object]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("backend", ["iptables", "nftables"])
+@pytest.mark.parametrize("backend", ["iptables", "nftables", "iptables-legacy"])
 def test_strict_mode_blocks_the_student_but_not_root(student: Identity, backend: str) -> None:
     out = _scenario(student, backend, "strict")
     student_view = out["student"]
@@ -114,3 +118,28 @@ def test_canary_raises_when_the_student_reaches_a_harness_port(student: Identity
             run_canary(student, [port], outside=None)
     finally:
         listener.close()
+
+
+def test_auto_backend_falls_back_and_reports_why(student: Identity, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import karotte.sandbox.confinement.firewall as firewall_module
+
+    real = firewall_module.resolve_system_binary
+
+    def no_iptables(name: str) -> str:
+        if name.startswith(("iptables", "ip6tables")) and "legacy" not in name:
+            raise firewall_module.UntrustedBinaryError(f"{name}: hidden by the test")
+        return real(name)
+
+    monkeypatch.setattr(firewall_module, "resolve_system_binary", no_iptables)
+    firewall = StudentFirewall(student.uid, tag=f"fb{student.uid}")
+    try:
+        report = firewall.install()
+        assert (report.backend or "").startswith("nftables")
+        assert "iptables: " in (report.detail or "")
+        assert run_canary(student, [])["192.0.2.1:80"] in ("refused", "timeout")
+    finally:
+        firewall.remove()
+    assert (
+        f"karotte_fb{student.uid}"
+        not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    )

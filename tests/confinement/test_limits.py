@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from student_helpers import as_student, spawn_student, wait_until
@@ -167,3 +168,42 @@ def test_processes_outside_the_student_are_untouched(student: StudentIdentity) -
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_launcher_provided_cgroup_is_used_and_left_in_place(
+    student: StudentIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the CONTRACTS.md layout: <root>/<controller> are the student's cgroup, owned by the launcher
+    base = {c: Path(f"/sys/fs/cgroup/{c}") for c in ("memory", "pids", "freezer")}
+    if not all(os.access(p, os.W_OK) for p in base.values()):
+        pytest.skip("no writable cgroup v1 hierarchy")
+    root = Path(f"/run/karotte-test-{student.uid}")
+    made = []
+    try:
+        for controller, path in base.items():
+            launcher_dir = path / f"karotte-launcher-test-{student.uid}"
+            launcher_dir.mkdir()
+            made.append(launcher_dir)
+            (root).mkdir(exist_ok=True)
+            (root / controller).symlink_to(launcher_dir)
+        monkeypatch.setenv("KAROTTE_CGROUP_ROOT", str(root))
+        applied = apply_limits(student, LimitsOptions(memory_bytes=64 * MIB, pids=32))
+        assert applied.report.cgroup_source.startswith("launcher-provided")
+        assert (made[0] / "memory.limit_in_bytes").read_text().strip() == str(64 * MIB)
+        hog = as_student(
+            student,
+            f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(51200)\"",
+            before=applied.preexec,
+        )
+        assert hog.returncode in (-9, 137)
+        applied.close()
+        assert all(p.exists() for p in made)  # the launcher removes its own dirs
+        assert int((made[0] / "memory.limit_in_bytes").read_text()) > 1 << 40  # limits lifted
+        assert (made[1] / "pids.max").read_text().strip() == "max"
+    finally:
+        for path in made:
+            path.rmdir()
+        for link in root.glob("*"):
+            link.unlink()
+        if root.exists():
+            root.rmdir()

@@ -90,6 +90,10 @@ class StudentCgroup(ABC):
     @abstractmethod
     def _dirs(self) -> list[Path]: ...
 
+    @abstractmethod
+    def reset_limits(self) -> None:
+        """Lift the limits we set (for a launcher-owned cgroup that outlives us)."""
+
     def remove(self, timeout_s: float = 5.0) -> None:
         """Kill the members and remove the directories we created."""
         deadline = time.monotonic() + timeout_s
@@ -97,6 +101,8 @@ class StudentCgroup(ABC):
             self.kill_all()
             time.sleep(0.02)
         if not self.created:
+            with contextlib.suppress(OSError):
+                self.reset_limits()
             return
         for path in reversed(self._dirs()):
             while True:
@@ -149,6 +155,18 @@ class CgroupV1(StudentCgroup):
             _write(path / "memory.limit_in_bytes", str(limit_bytes))
             knobs.append("memory.limit_in_bytes")
         return knobs
+
+    def reset_limits(self) -> None:
+        memory = self.dirs.get("memory")
+        if memory is not None:
+            memsw = memory / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                _write(memsw, "-1")  # raise memsw first: it must stay >= the memory limit
+            _write(memory / "memory.limit_in_bytes", "-1")
+        if "pids" in self.dirs:
+            _write(self.dirs["pids"] / "pids.max", "max")
+        if "cpu" in self.dirs:
+            _write(self.dirs["cpu"] / "cpu.cfs_quota_us", "-1")
 
     def set_pids(self, limit: int) -> list[str]:
         path = self.dirs.get("pids")
@@ -250,6 +268,13 @@ class CgroupV2(StudentCgroup):
             _write(self.path / "memory.swap.max", "0")
             knobs.append("memory.swap.max=0")
         return knobs
+
+    def reset_limits(self) -> None:
+        for knob, value in (("memory.max", "max"), ("memory.swap.max", "max"), ("pids.max", "max")):
+            if (self.path / knob).exists():
+                _write(self.path / knob, value)
+        if (self.path / "cpu.max").exists():
+            _write(self.path / "cpu.max", "max 100000")
 
     def set_pids(self, limit: int) -> list[str]:
         _write(self.path / "pids.max", str(limit))

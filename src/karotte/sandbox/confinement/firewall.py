@@ -34,7 +34,7 @@ from karotte.sandbox.confinement.demote import Identity, run_as
 from karotte.sandbox.confinement.sanitize import UntrustedBinaryError, resolve_system_binary
 
 Mode = Literal["strict", "internal", "open"]
-Backend = Literal["iptables", "nftables"]
+Backend = Literal["iptables", "nftables", "iptables-legacy"]
 
 PRIVATE_V4 = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 PRIVATE_V6 = ("fc00::/7",)
@@ -99,7 +99,7 @@ class StudentFirewall:
     mode: Mode = "strict"
     proxy_url: str | None = None
     harness_ports: list[int] = field(default_factory=list)
-    backend: Backend | None = None  # None: iptables if present, else nftables
+    backend: Backend | None = None  # None: iptables, then nftables, then iptables-legacy
     tag: str = field(default_factory=lambda: str(os.getpid()))
     installed: list[str] = field(default_factory=list)
 
@@ -162,41 +162,49 @@ class StudentFirewall:
         return "\n".join(lines) + "\n"
 
     # ---- install / remove ---------------------------------------------------------------------
-    def _pick_backend(self) -> Backend:
-        if self.backend is not None:
-            return self.backend
-        try:
-            resolve_system_binary("iptables")
-            return "iptables"
-        except UntrustedBinaryError:
-            return "nftables"
-
     def install(self) -> FirewallReport:
-        backend = self._pick_backend()
-        try:
-            ipv6 = self._install_iptables() if backend == "iptables" else self._install_nft()
-        except BaseException:
-            self.remove()
-            raise
-        allowed = [
-            t.network + (f":{t.port}" if t.port else "") for v in (4, 6) for t in self._allowed(v)
-        ]
-        return FirewallReport(
-            mode=self.mode,
-            backend=f"{backend} (owner match on uid {self.uid})",
-            allowed=["everything"] if self.mode == "open" else allowed,
-            closed_ports=list(self.harness_ports),
-            ipv6=ipv6,
+        """Install with the chosen backend, or the first that works; FirewallError if none."""
+        candidates: list[Backend] = (
+            [self.backend] if self.backend else ["iptables", "nftables", "iptables-legacy"]
         )
+        errors: list[str] = []
+        for backend in candidates:
+            try:
+                if backend == "nftables":
+                    ipv6 = self._install_nft()
+                else:
+                    suffix = "-legacy" if backend == "iptables-legacy" else ""
+                    ipv6 = self._install_iptables(suffix)
+            except FirewallError as exc:
+                self.remove()
+                errors.append(f"{backend}: {exc}")
+                continue
+            except BaseException:
+                self.remove()
+                raise
+            allowed = [
+                t.network + (f":{t.port}" if t.port else "")
+                for v in (4, 6)
+                for t in self._allowed(v)
+            ]
+            return FirewallReport(
+                mode=self.mode,
+                backend=f"{backend} (owner match on uid {self.uid})",
+                allowed=["everything"] if self.mode == "open" else allowed,
+                closed_ports=list(self.harness_ports),
+                ipv6=ipv6,
+                detail="; ".join(errors) or None,
+            )
+        raise FirewallError("; ".join(errors))
 
     def _run(self, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             argv, input=stdin, capture_output=True, text=True, timeout=30, check=False
         )
 
-    def _install_iptables(self) -> bool:
+    def _install_iptables(self, suffix: str = "") -> bool:
         ipv6 = True
-        for version, name in ((4, "iptables"), (6, "ip6tables")):
+        for version, name in ((4, f"iptables{suffix}"), (6, f"ip6tables{suffix}")):
             try:
                 binary = resolve_system_binary(name)
             except UntrustedBinaryError as exc:
@@ -244,7 +252,7 @@ class StudentFirewall:
 
     def remove(self) -> None:
         """Remove every rule this firewall added (safe to call more than once)."""
-        for name in ("iptables", "ip6tables"):
+        for name in ("iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy"):
             if any(entry.startswith(f"{name}:") for entry in self.installed):
                 with contextlib.suppress(UntrustedBinaryError):
                     self._remove_iptables(resolve_system_binary(name))
