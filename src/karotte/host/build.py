@@ -86,9 +86,10 @@ _NOISE = re.compile(
     r"^( ---> |Removing intermediate container |Successfully (built|tagged) |"
     r"Sending build context |--> |COMMIT |Getting image source|Copying (blob|config)|"
     r"Writing manifest|Storing signatures|DEPRECATED: The legacy builder|"
-    r"\s+(Install the buildx|BuildKit is currently disabled|Environment-variable)|"
+    r"\s+(Install the buildx|BuildKit is currently disabled|environment-variable\.)|"
     r"\s*$)"
 )
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CACHE_MARKERS = (" ---> Using cache", "--> Using cache", " CACHED")
 _ENGINE_ERROR = re.compile(
     r"(^The command .* returned a non-zero code|^Error:|^error:|^ERROR|"
@@ -108,7 +109,7 @@ class BuildLog:
 
     def feed(self, line: str) -> BuildStep | None:
         """Record one line; return the step when the line starts a new one."""
-        text = line.rstrip("\n")
+        text = _ANSI.sub("", line.rstrip("\n"))
         for pattern in _STEP_PATTERNS:
             match = pattern.match(text.strip())
             if match:
