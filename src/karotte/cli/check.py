@@ -17,18 +17,25 @@ app.add_typer(check_app, name="check")
 
 
 def _check_tasks() -> list[str]:
+    from karotte.sandbox.tools.registry import check_task_tools
+
     with friendly_errors():
         tasks = load_tasks()
     problems: list[str] = []
     for task_id, cls in sorted(tasks.items()):
-        try:
-            task = cls(EvaluationRunConfig(task_id=task_id))
-            steps = task.steps
-            _ = task.system_prompt, list(task.tools), task.required_hardware
-            for step in steps:
-                _ = step.instructions, step.judge, step.submission_paths
-        except Exception as exc:
-            problems.append(f"task {task_id}: {type(exc).__name__}: {exc}")
+        for use_hints in (False, True):
+            config = EvaluationRunConfig(task_id=task_id, use_hints=use_hints)
+            try:
+                task = cls(config)
+                steps = task.steps
+                _ = task.system_prompt, task.required_hardware
+                check_task_tools(config, task)  # tool names exist, options are valid
+                for step in steps:
+                    _ = step.instructions, step.judge, step.submission_paths
+            except Exception as exc:
+                hints = " (with use_hints)" if use_hints else ""
+                problems.append(f"task {task_id}{hints}: {type(exc).__name__}: {exc}")
+                break
     if not problems:
         err_console.print(f"[green]ok[/]: {len(tasks)} task(s) load")
     return problems
