@@ -192,6 +192,8 @@ def test_default_env_fresh_machine_flow(tmp_path: Path) -> None:
     _run(["uv", "run", "just", "create-task", "second-task"], target)
     listing = _run(["uv", "run", "karotte", "tasks", "list", "--json"], target)
     assert [row["id"] for row in json.loads(listing.stdout)] == ["example-task", "second-task"]
+    checked = _run(["uv", "run", "karotte", "check"], target)
+    assert "2 task(s) load" in checked.stderr
     _run(["uv", "run", "just", "lint"], target)
     tests = _run(["uv", "run", "just", "test"], target)
     assert " passed" in tests.stdout and "failed" not in tests.stdout
