@@ -33,6 +33,9 @@ def test_full_setup_reports_every_mechanism_and_teardown_undoes_it(
     data = tmp_path / "data"
     data.mkdir()
     os.chown(data, student.uid, student.gid)
+    shared_tmp = tmp_path / "shared-tmp"
+    shared_tmp.mkdir()
+    os.chmod(shared_tmp, 0o1777)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -43,6 +46,7 @@ def test_full_setup_reports_every_mechanism_and_teardown_undoes_it(
     options = ConfinementOptions(
         limits=LimitsOptions(memory_bytes=256 << 20, pids=128, cgroup_name=f"setup-{student.uid}"),
         disk_paths=[str(data)],
+        temp_quota_dirs=[str(shared_tmp)],  # never the host's real /tmp
         disk_bytes=16 << 20,
         disk_inodes=256,
     )
@@ -59,6 +63,10 @@ def test_full_setup_reports_every_mechanism_and_teardown_undoes_it(
         assert payload["network"]["canary"][f"127.0.0.1:{port}"] == "refused"
         assert payload["network"]["canary"]["192.0.2.1:80"] == "refused"
         assert "pid" in payload["namespaces"]
+        assert [d["path"] for d in payload["disk"]] == [str(data), str(shared_tmp)]
+        st = os.stat(shared_tmp)
+        assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o1777)  # a sticky temp dir stays one
+        assert as_student(student, f"echo hi > {shared_tmp}/mine").returncode == 0
         # the student really is limited: a write beyond the quota fails
         result = as_student(student, f"head -c 40000000 /dev/zero > {data}/big", timeout=60)
         assert result.returncode != 0
@@ -71,4 +79,5 @@ def test_full_setup_reports_every_mechanism_and_teardown_undoes_it(
         not in subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
     )
     assert f" {data} " not in Path("/proc/mounts").read_text()
+    assert f" {shared_tmp} " not in Path("/proc/mounts").read_text()
     assert not Path(f"/sys/fs/cgroup/pids/karotte-student-setup-{student.uid}").exists()

@@ -58,6 +58,20 @@ def _run(argv: list[str], what: str, timeout: float = 120) -> str:
     return result.stdout.strip()
 
 
+def _usage(path: Path) -> tuple[int, int]:
+    """Allocated bytes and number of entries below ``path`` (no symlink following)."""
+    total, count = 0, 0
+    for root, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs + files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += st.st_blocks * 512 + 4096
+            count += 1
+    return total, count
+
+
 def loop_devices_available() -> str | None:
     """None when loop devices can be used, else why not."""
     if os.geteuid() != 0:
@@ -75,8 +89,8 @@ class LoopQuota:
     """A size- and inode-limited ext4 filesystem mounted on ``path`` for ``uid``/``gid``."""
 
     path: Path
-    size_bytes: int
-    inodes: int
+    size_bytes: int  # free bytes for the student, on top of what the directory already holds
+    inodes: int  # free inodes (files) for the student, on top of the existing ones
     uid: int
     gid: int
     image_dir: Path | None = None  # default: a root-only temp dir
@@ -106,8 +120,13 @@ class LoopQuota:
         os.chmod(image_dir, 0o700)
         self.image = image_dir / "student-disk.ext4"
         try:
+            existing_bytes, existing_files = _usage(self.path)
+            inodes = self.inodes + existing_files + 16
+            # ext4 metadata: inode tables (256 B each), bitmaps, group descriptors (~2%)
+            total = self.size_bytes + existing_bytes + inodes * 256
+            total += total // 50 + 2 * MIB
             with open(self.image, "xb") as handle:
-                handle.truncate(self.size_bytes)
+                handle.truncate(total)
             argv = [
                 mkfs,
                 "-q",
@@ -117,7 +136,7 @@ class LoopQuota:
                 "-O",
                 "^has_journal",
                 "-N",
-                str(self.inodes),
+                str(inodes),
                 "-E",
                 f"root_owner={self.uid}:{self.gid}",
             ]

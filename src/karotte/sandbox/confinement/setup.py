@@ -39,7 +39,9 @@ class ConfinementOptions(BaseModel):
 
     limits: LimitsOptions = Field(default_factory=LimitsOptions)
     disk_quota: bool = True
-    disk_paths: list[str] | None = None  # default: the student's home
+    disk_paths: list[str] | None = None  # default: the student's home (student-owned)
+    temp_quota_dirs: list[str] = Field(default_factory=lambda: ["/tmp", "/var/tmp"])
+    # ^ shared temp dirs (root-owned, sticky) get a quarter of the budget each, unless tmpfs
     disk_bytes: int | None = Field(default=None, gt=0)  # default: KAROTTE_DISK_BYTES or 10 GiB
     disk_inodes: int = Field(default=200_000, ge=64)
     firewall: bool = True
@@ -121,21 +123,43 @@ def setup_confinement(
     return confinement
 
 
+def _fs_type(path: str) -> str | None:
+    """The filesystem type of the mount that holds ``path`` (from /proc/self/mountinfo)."""
+    best, fstype = "", None
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        mount_point = fields.split()[4].replace("\\040", " ")
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, fstype = mount_point, rest.split()[0]
+    return fstype
+
+
 def _setup_disk(
     confinement: Confinement, identity: Identity, options: ConfinementOptions
 ) -> list[dict[str, Any]]:
     if not options.disk_quota:
         return [{"mechanism": "none (disabled)"}]
+    in_sandbox = bool(os.environ.get("KAROTTE_SANDBOX"))
+    if options.disk_paths is None and not in_sandbox:
+        # never mount over a real home or /tmp of a development machine by default
+        return [{"mechanism": "none", "detail": "not in a sandbox (KAROTTE_SANDBOX unset)"}]
     size = options.disk_bytes or _env_int("KAROTTE_DISK_BYTES") or 10 * GIB
-    paths = options.disk_paths or [identity.home]
+    wanted: list[tuple[str, int, int, int]] = [
+        (path, identity.uid, identity.gid, size) for path in options.disk_paths or [identity.home]
+    ]
+    for path in options.temp_quota_dirs if in_sandbox or options.disk_paths else []:
+        if os.path.isdir(path) and _fs_type(path) != "tmpfs":
+            wanted.append((path, 0, 0, max(size // 4, 16 << 20)))
     results: list[dict[str, Any]] = []
-    for path in paths:
+    for path, uid, gid, budget in wanted:
         quota = LoopQuota(
-            Path(path),
-            size_bytes=size,
-            inodes=options.disk_inodes,
-            uid=identity.uid,
-            gid=identity.gid,
+            Path(path), size_bytes=budget, inodes=options.disk_inodes, uid=uid, gid=gid
         )
         try:
             results.append(quota.create().model_dump())
@@ -144,7 +168,7 @@ def _setup_disk(
             results.append(
                 {
                     "path": path,
-                    "bytes": size,
+                    "bytes": budget,
                     "mechanism": "none",
                     "detail": f"{exc}; the launcher's tmpfs/storage limits are the only bound",
                 }
