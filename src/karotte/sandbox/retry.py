@@ -265,8 +265,8 @@ def provider_message(exc: BaseException) -> str:
     text = str(getattr(exc, "message", None) or exc) or type(exc).__name__
     start = text.find("{")
     if start != -1:
-        try:
-            body = json.loads(text[start:])
+        try:  # the provider's JSON error body, often followed by litellm's advice
+            body, _ = json.JSONDecoder().raw_decode(text, start)
         except ValueError:
             body = None
         found = _message_in(body)
