@@ -207,3 +207,36 @@ def test_launcher_provided_cgroup_is_used_and_left_in_place(
             link.unlink()
         if root.exists():
             root.rmdir()
+
+
+SYSV_HOG = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+size = 400 << 20
+shmid = libc.shmget(0, ctypes.c_size_t(size), 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+if shmid < 0:
+    sys.exit(3)
+print(shmid, flush=True)
+address = libc.shmat(shmid, None, 0)
+ctypes.memset(address, 1, size)  # touch every page
+print("survived", flush=True)
+"""
+
+
+def test_sysv_shm_counts_against_the_student_memory(
+    student: StudentIdentity, limits: AppliedLimits, tmp_path: Path
+) -> None:
+    _require_cgroup(limits, "memory")
+    script = tmp_path / "hog.py"
+    script.write_text(SYSV_HOG)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(script, 0o644)
+    try:
+        result = as_student(student, f"{STUDENT_PY} -S {script}", before=limits.preexec)
+        assert "survived" not in result.stdout, result.stdout
+        assert result.returncode in (-9, 137), (result.returncode, result.stderr[-300:])
+    finally:
+        from karotte.sandbox.confinement.cleanup import remove_student_ipc
+
+        remove_student_ipc(student.uid)

@@ -404,6 +404,11 @@ def collect_submission(
     identity = student_identity(config.student_user) if config.student_user else None
     base = identity.home if identity is not None else os.getcwd()
     absolute = [_absolute(p, base) for p in paths]
+    if identity is not None and os.geteuid() != 0:
+        raise CustodyError(
+            f"student_user is {identity.name!r} but the harness runs as uid {os.geteuid()}: "
+            "custody needs root to kill the student's processes (unset student_user locally)"
+        )
     if identity is not None:
         secure_student(identity, absolute, options)
     destination = new_custody_dir(config.artifacts_dir)

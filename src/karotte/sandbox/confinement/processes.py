@@ -86,7 +86,7 @@ def kill_all_as(uid: int, gid: int) -> bool:
     identity = Identity(name=str(uid), uid=uid, gid=gid, home="/")
     try:
         return run_as(identity, _kill_minus_one, timeout_s=2.0)
-    except (DemotedCallCrashed, DemotedCallTimeout, OSError):
+    except (DemotedCallCrashed, DemotedCallTimeout, OSError, RuntimeError):
         return False
 
 
