@@ -18,6 +18,7 @@ from karotte.errors import ConfigError, ModelError
 from karotte.sandbox.litellm_client import LiteLLMClient
 from karotte.sandbox.model_client import ModelReply
 from karotte.sandbox.retry import (
+    ContextWindowExceeded,
     ModelCallFailed,
     RetryPolicy,
     call_with_retries,
@@ -180,8 +181,9 @@ CONTEXT_MESSAGES = {
 def test_context_window_exceeded_fails_at_once(provider: str) -> None:
     with ProviderStub([StubError(400, CONTEXT_MESSAGES[provider]), StubReply()]) as stub:
         client = make_client(provider, stub)
-        with pytest.raises(ModelCallFailed) as caught:
+        with pytest.raises(ContextWindowExceeded) as caught:
             complete(client)
+    assert isinstance(caught.value, ModelError)
     assert len(stub.requests) == 1
     assert caught.value.failure.kind == "ContextWindowExceededError"
     assert not caught.value.failure.retryable

@@ -65,6 +65,7 @@ class Failure:
     kind: str
     message: str
     retry_after_s: float | None = None
+    context_window: bool = False  # the request did not fit the model's context window
 
     def summary(self) -> str:
         status = f"HTTP {self.status} " if self.status is not None else ""
@@ -88,6 +89,14 @@ class ModelCallFailed(ModelError):
         self.failure = failure
         self.status = failure.status
         self.attempts = attempts
+
+
+class ContextWindowExceeded(ModelCallFailed):
+    """The conversation no longer fits the model's context window (never retried).
+
+    Raised separately so that the agent loop can end the step on its context limit instead of
+    treating it as an infrastructure failure.
+    """
 
 
 @dataclass
@@ -131,7 +140,8 @@ async def call_with_retries(
             if deadline is None:
                 deadline = now + policy.budget_s
             if not failure.retryable:
-                raise ModelCallFailed(
+                error = ContextWindowExceeded if failure.context_window else ModelCallFailed
+                raise error(
                     f"{what} failed (not retryable) after {attempt} attempt(s): "
                     f"{failure.summary()}",
                     failure,
@@ -177,7 +187,9 @@ def classify(exc: BaseException) -> Failure:
     status = _status_of(exc)
     message = provider_message(exc)
     if kinds & _NEVER_RETRY_KINDS:
-        return Failure(False, status, kind, message)
+        return Failure(
+            False, status, kind, message, context_window="ContextWindowExceededError" in kinds
+        )
     if status is None:
         retryable = bool(kinds & _RETRYABLE_KINDS)
     else:
