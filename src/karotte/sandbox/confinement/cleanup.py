@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_CLEANUP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+DEFAULT_CLEANUP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")  # missing ones are skipped
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _IPC_RMID = 0
