@@ -221,7 +221,7 @@ def test_bash_runs_as_the_student_with_a_clean_env(
     student: Identity, secret: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-harness-secret")
-    ids, cat, env, sudo = run_tools(
+    ids, cat, env, sudo, reopen = run_tools(
         student,
         workdir,
         [
@@ -229,6 +229,7 @@ def test_bash_runs_as_the_student_with_a_clean_env(
             ("bash", {"command": f"cat {secret}"}),
             ("bash", {"command": "env"}),
             ("bash", {"command": "grep NoNewPrivs /proc/self/status"}),
+            ("bash", {"command": "echo to-stderr > /dev/stderr; echo to-stdout | tee /dev/stdout"}),
         ],
     )
     assert ids.output.split() == [
@@ -240,6 +241,8 @@ def test_bash_runs_as_the_student_with_a_clean_env(
     assert "Permission denied" in cat.output and "THE-ANSWER" not in cat.output
     assert "sk-harness-secret" not in env.output and f"HOME={student.home}" in env.output
     assert "NoNewPrivs:\t1" in sudo.output
+    # the student may reopen its own output through /dev/stdout and /dev/stderr
+    assert reopen.output == "to-stderr\nto-stdout\nto-stdout\n", reopen.output
 
 
 def test_file_tools_as_student_refuse_planted_links_fifo_and_devices(

@@ -10,37 +10,45 @@ How one command runs:
   so ``cd`` and ``export`` persist (the command runs in the shell itself), commands get
   ``/dev/null`` as stdin (they cannot read the control channel) and fd 3, the status channel, is
   closed for them.
-- Output (stdout + stderr) goes to an unlinked file the harness created and holds open; bash only
-  has a write descriptor. A background process keeping it open cannot block the call, and the
-  student cannot redirect what the harness reads (no path to swap for a symlink or FIFO).
-- The call ends when the status line with this command's random nonce arrives on the status pipe.
-  Lines without it (a background process writing to a saved descriptor) are ignored, so output
-  cannot fake the end of a command.
+- Output (stdout + stderr) goes to a pipe that the harness drains all the time, during and
+  between calls, into a bounded head + tail buffer (:class:`OutputBuffer`). The harness never
+  waits for the pipe's end, so a background process holding it cannot block a call; a flood
+  cannot fill memory or disk; the pipe belongs to the student, so ``echo x > /dev/stderr``
+  works as in a terminal.
+- The call ends when the status line with this command's random nonce arrives on the status
+  pipe; all the command's output is in the output pipe by then. Lines without the nonce (a
+  background process writing to a saved descriptor) are ignored, so output cannot fake the end
+  of a command.
 - On timeout, or when bash dies (``exit``, ``set -e``), everything the session started is killed
-  (process group, session, descendants, and with a student user every process of that uid), a
-  fresh shell is started and the agent is told so.
+  (:func:`kill_session_tree`), a fresh shell is started and the agent is told so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import secrets
+import select
 import shutil
-import signal
 import subprocess
+import sys
 import tempfile
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from karotte.sandbox.confinement.demote import Identity, preexec_for, run_as
+from karotte.sandbox.confinement.demote import Identity, preexec_for
+from karotte.sandbox.tools.killing import kill_session_tree
+from karotte.sandbox.tools.output import OutputBuffer
 
 SESSION_MARKER = "KAROTTE_SHELL_ID"
-SPILL_CHECK_S = 0.1
 RESTART_NOTE = "The shell was restarted; cwd and env were reset and its processes were killed."
 _MAX_STATUS_LINE = 4096
+_READ_CHUNK = 1 << 16
+_DRAIN_PER_WAKEUP = 1 << 20  # bytes read per event-loop wakeup: a flood cannot starve the loop
 
 
 @dataclass
@@ -54,91 +62,6 @@ class BashOutcome:
     restarted: bool = False
     cut_chars: int = 0
     duration_s: float = 0.0
-
-
-def truncate_middle(data: bytes, total_size: int, limit_chars: int) -> tuple[str, int]:
-    """Decode ``data`` (head and tail of a ``total_size``-byte output) keeping ``limit_chars``.
-
-    Returns the text (with a note in the middle when something was cut) and the number of
-    characters (bytes when the middle was never read) that were cut.
-    """
-    text = data.decode("utf-8", errors="replace")
-    if total_size <= len(data) and len(text) <= limit_chars:
-        return text, 0
-    head_n = limit_chars // 2
-    tail_n = limit_chars - head_n
-    head, tail = text[:head_n], text[-tail_n:] if tail_n else ""
-    cut = max(total_size - len(data), 0) + (len(text) - head_n - tail_n)
-    note = f"\n\n[... {cut} characters of output cut (limit {limit_chars}) ...]\n\n"
-    return head + note + tail, cut
-
-
-def _process_table() -> list[tuple[int, int, int, int]]:
-    """(pid, ppid, pgid, sid) of every process we can see."""
-    rows = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                raw = handle.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        try:
-            rows.append((int(name), int(fields[1]), int(fields[2]), int(fields[3])))
-        except (IndexError, ValueError):
-            continue
-    return rows
-
-
-def _kill_all_of_uid() -> None:
-    # kill(-1) from a process of the student's uid signals every process of that uid but itself
-    os.kill(-1, signal.SIGKILL)
-
-
-def _has_marker(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return marker in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def kill_session_tree(
-    leader: int, identity: Identity | None, *, all_of_uid: bool, marker: bytes | None = None
-) -> None:
-    """SIGKILL the session led by ``leader``: its process group, session and descendants.
-
-    Also every process whose environment holds ``marker`` (``NAME=value``: set in the shell's
-    environment, inherited by everything it starts, so a double-forked ``setsid`` daemon is
-    found too), and with ``all_of_uid`` (and a student identity) every process of the
-    student's uid, which also catches a process that scrubbed its environment.
-    """
-    if identity is not None and all_of_uid and identity.uid != os.getuid():
-        with contextlib.suppress(Exception):
-            run_as(identity, _kill_all_of_uid, timeout_s=5)
-    for _ in range(3):  # repeat: a fork racing with the kill can leave a straggler
-        table = _process_table()
-        doomed = {leader}
-        doomed.update(pid for pid, _ppid, pgid, sid in table if pgid == leader or sid == leader)
-        if marker is not None:
-            doomed.update(pid for pid, *_ in table if _has_marker(pid, marker))
-        changed = True
-        while changed:
-            changed = False
-            for pid, ppid, _pgid, _sid in table:
-                if ppid in doomed and pid not in doomed and pid != os.getpid():
-                    doomed.add(pid)
-                    changed = True
-        doomed.discard(os.getpid())
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader, signal.SIGKILL)
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if len(doomed) <= 1:
-            break
 
 
 class BashSession:
@@ -158,7 +81,6 @@ class BashSession:
         self.identity = identity
         self.env = env
         self.cwd = cwd
-        self.output_limit_chars = output_limit_chars
         self.kill_all_student_processes = kill_all_student_processes
         self.before_demote = before_demote  # e.g. enter the student cgroup, set rlimits
         found = bash_path or shutil.which("bash", path="/usr/bin:/bin") or shutil.which("bash")
@@ -170,15 +92,9 @@ class BashSession:
         self._cmd_path = os.path.join(self._dir, "cmd")
         self._marker = f"{SESSION_MARKER}={secrets.token_hex(8)}"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._stdin_w = -1
-        self._status_r = -1
-        self._out_r = -1
-        self._pidfd = -1
-        self._buffer = b""
-        self.spill_bytes = max(4 * 1024 * 1024, 2 * self._window())
-        self._head: bytes | None = None  # the output's head, once the file was spilled
-        self._dropped = 0  # bytes dropped from the output file by spilling
-        self._spiller: asyncio.Task[None] | None = None
+        self._stdin_w = self._status_r = self._out_r = self._pidfd = -1
+        self._status_buffer = b""
+        self.output = OutputBuffer(output_limit_chars)
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -186,21 +102,31 @@ class BashSession:
         return self._proc.pid if self._proc else None
 
     async def start(self) -> None:
-        """Start (or restart) the shell. Idempotent while it runs."""
+        """Start (or restart) the shell and check it answers. Idempotent while it runs.
+
+        Raises :class:`RuntimeError` when a fresh shell does not answer ``true`` within 10 s.
+        """
         if self._proc is not None:
             return
+        self._launch()
+        status = await self._execute("true", 10)
+        if status != 0:
+            output, _cut = self.output.render()
+            await self._stop()
+            raise RuntimeError(f"the bash session did not start ({status}): {output.strip()!r}")
+
+    def _launch(self) -> None:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        fd, out_path = tempfile.mkstemp(prefix="out-", dir=self._dir)
-        out_w = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        os.close(fd)
-        out_r = os.open(out_path, os.O_RDWR | os.O_CLOEXEC)
-        os.unlink(out_path)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        if self.identity is not None and os.geteuid() == 0:
+            # The student may reopen its own output (`echo err > /dev/stderr`), as in a terminal.
+            os.fchown(out_w, self.identity.uid, self.identity.gid)
         home = self.identity.home if self.identity else "/"
-        cwd = self.cwd if os.path.isdir(self.cwd) else home  # noqa: ASYNC240 - local, instant
+        cwd = self.cwd if os.path.isdir(self.cwd) else home
         try:
             # Blocking, but only a fork+exec (a few ms), and only at (re)start.
-            proc = subprocess.Popen(  # noqa: ASYNC220
+            proc = subprocess.Popen(
                 [self.bash_path, "--noprofile", "--norc"],
                 stdin=stdin_r,
                 stdout=out_w,
@@ -211,23 +137,23 @@ class BashSession:
                 start_new_session=True,
                 preexec_fn=self._preexec,
             )
+        except BaseException:
+            for fd in (stdin_w, status_r, out_r):
+                os.close(fd)
+            raise
         finally:
-            os.close(stdin_r)
-            os.close(out_w)
-            os.close(status_w)  # bash has its own copy, at the same number (pass_fds)
+            for fd in (stdin_r, status_w, out_w):  # bash has its own copies
+                os.close(fd)
         self._proc = proc
         self._stdin_w, self._status_r, self._out_r = stdin_w, status_r, out_r
         self._pidfd = os.pidfd_open(proc.pid)
         os.set_blocking(status_r, False)
-        self._buffer = b""
-        self._head, self._dropped = None, 0
-        self._spiller = asyncio.get_running_loop().create_task(self._spill_while_idle())
-        # Move the status pipe to fd 3, then prove the shell answers.
-        setup = f"exec 3>&{status_w} {status_w}>&-\n"
-        self._write_control(setup)
-        outcome = await self.run("true", timeout_s=10)
-        if outcome.exit_code != 0:
-            raise RuntimeError(f"the bash session did not start: {outcome.output.strip()!r}")
+        os.set_blocking(out_r, False)
+        self._status_buffer = b""
+        self.output.reset()
+        asyncio.get_running_loop().add_reader(out_r, self._drain)
+        # Move the status pipe to fd 3 (start() then proves the shell answers).
+        self._write_control(f"exec 3>&{status_w} {status_w}>&-\n")
 
     def _preexec(self) -> None:
         if self.before_demote is not None:
@@ -244,11 +170,7 @@ class BashSession:
         if proc is None:
             return
         self._proc = None
-        if self._spiller is not None:
-            self._spiller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._spiller
-            self._spiller = None
+        asyncio.get_running_loop().remove_reader(self._out_r)
         kill_session_tree(
             proc.pid,
             self.identity,
@@ -256,7 +178,7 @@ class BashSession:
             marker=self._marker.encode(),
         )
         for _ in range(200):
-            if proc.poll() is not None:
+            if proc.poll() is not None:  # reaped only now, after the kill by its pid
                 break
             await asyncio.sleep(0.005)
         for fd in (self._stdin_w, self._status_r, self._out_r, self._pidfd):
@@ -268,10 +190,34 @@ class BashSession:
         await self._stop()
         await self.start()
 
+    # ---- output ------------------------------------------------------------------------------
+    def _drain(self, limit: int = _DRAIN_PER_WAKEUP) -> None:
+        """Move what is in the output pipe into the buffer (event-loop callback, non-blocking)."""
+        taken = 0
+        while taken < limit:
+            try:
+                chunk = os.read(self._out_r, _READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:  # every writer is gone (bash died, no background process left)
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_reader(self._out_r)
+                return
+            self.output.feed(chunk)
+            taken += len(chunk)
+
+    def _pending_output(self) -> int:
+        try:
+            raw = fcntl.ioctl(self._out_r, termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return _DRAIN_PER_WAKEUP
+        return int.from_bytes(raw, sys.byteorder)
+
     # ---- one command ------------------------------------------------------------------------
     def _write_control(self, line: str) -> None:
-        data = line.encode()
-        view = memoryview(data)
+        view = memoryview(line.encode())
         while view:
             view = view[os.write(self._stdin_w, view) :]
 
@@ -280,6 +226,29 @@ class BashSession:
         started = time.monotonic()
         if self._proc is None:
             await self.start()
+        status = await self._execute(command, timeout_s)
+        outcome = BashOutcome(output="", exit_code=None)
+        if isinstance(status, int):
+            outcome.exit_code = status
+        elif status == "timeout":
+            outcome.timed_out = True
+        else:
+            outcome.shell_exited = self._exit_status()
+        # What the command wrote is in the pipe now: read exactly that much, not what a
+        # background process keeps writing after it.
+        self._drain(limit=self._pending_output())
+        # Output includes what background processes wrote since the previous call.
+        outcome.output, outcome.cut_chars = self.output.render()
+        self.output.reset()
+        outcome.output = outcome.output.replace(f"{self._cmd_path}: ", "bash: ")
+        if outcome.exit_code is None:
+            await self.restart()
+            outcome.restarted = True
+        outcome.duration_s = time.monotonic() - started
+        return outcome
+
+    async def _execute(self, command: str, timeout_s: float) -> int | str:
+        """Send one command; its exit status, ``"timeout"`` or ``"exited"`` (bash died)."""
         nonce = secrets.token_hex(16)
         tmp = f"{self._cmd_path}.{secrets.token_hex(4)}"
         text = command if command.endswith("\n") else command + "\n"
@@ -298,24 +267,22 @@ class BashSession:
         )
         with contextlib.suppress(BrokenPipeError):  # bash is gone: the wait below sees it
             self._write_control(control)
-        status = await self._wait_status(nonce, timeout_s)
-        outcome = BashOutcome(output="", exit_code=None)
-        if isinstance(status, int):
-            outcome.exit_code = status
-        elif status == "timeout":
-            outcome.timed_out = True
-        else:
-            outcome.shell_exited = self._proc.poll() if self._proc else None
-        # Output includes what background processes wrote since the previous call.
-        outcome.output, outcome.cut_chars = self._read_output()
-        os.ftruncate(self._out_r, 0)
-        self._head, self._dropped = None, 0
-        outcome.output = outcome.output.replace(f"{self._cmd_path}: ", "bash: ")
-        if outcome.exit_code is None:
-            await self.restart()
-            outcome.restarted = True
-        outcome.duration_s = time.monotonic() - started
-        return outcome
+        return await self._wait_status(nonce, timeout_s)
+
+    def _exited(self) -> bool:
+        """Whether bash has exited. Does not reap it: a zombie keeps its pid (and process
+        group id) from being reused before the session is killed."""
+        return bool(select.select([self._pidfd], [], [], 0)[0])
+
+    def _exit_status(self) -> int | None:
+        """bash's exit status (or -signal), without reaping it."""
+        try:
+            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except OSError:
+            return None
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     async def _wait_status(self, nonce: str, timeout_s: float) -> int | str:
         """The command's exit status, ``"timeout"``, or ``"exited"`` when bash died."""
@@ -326,9 +293,8 @@ class BashSession:
             found = self._scan_status(prefix)
             if found is not None:
                 return found
-            if self._proc is None or self._proc.poll() is not None:
+            if self._proc is None or self._exited():
                 return "exited"
-            self._spill()
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return "timeout"
@@ -341,7 +307,7 @@ class BashSession:
             loop.add_reader(self._status_r, _wake)
             loop.add_reader(self._pidfd, _wake)
             try:
-                await asyncio.wait_for(ready, min(remaining, SPILL_CHECK_S))
+                await asyncio.wait_for(ready, remaining)
             except TimeoutError:
                 pass
             finally:
@@ -349,63 +315,23 @@ class BashSession:
                 loop.remove_reader(self._pidfd)
 
     def _scan_status(self, prefix: bytes) -> int | None:
+        """Read the status pipe; the status in this command's line, if it has arrived.
+
+        Anything else there (junk from a background process) is dropped, a chunk at a time.
+        """
         while True:
             try:
                 chunk = os.read(self._status_r, 65536)
             except BlockingIOError:
-                break
-            if not chunk:
-                break
-            self._buffer += chunk
-            if len(self._buffer) > 4 * _MAX_STATUS_LINE and b"\n" not in self._buffer:
-                self._buffer = self._buffer[-_MAX_STATUS_LINE:]  # junk flood without newlines
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            if line.startswith(prefix):
-                value = line[len(prefix) :]
+                chunk = b""
+            *lines, rest = (self._status_buffer + chunk).split(b"\n")
+            self._status_buffer = rest[-_MAX_STATUS_LINE:]
+            for line in lines:
+                value = line[len(prefix) :] if line.startswith(prefix) else b""
                 if value.isdigit():
                     return int(value)
-        return None
-
-    async def _spill_while_idle(self) -> None:
-        """Background processes can write between calls too: keep spilling."""
-        while True:
-            await asyncio.sleep(SPILL_CHECK_S)
-            with contextlib.suppress(OSError):
-                self._spill()
-
-    def _spill(self) -> None:
-        """Keep the output file small while a command runs: remember its head, drop the rest.
-
-        A command printing gigabytes (``yes``, ``cat /dev/zero``) must not fill the disk before
-        its timeout; only the head and the tail are ever shown.
-        """
-        size = os.fstat(self._out_r).st_size
-        if size <= self.spill_bytes:
-            return
-        if self._head is None:
-            self._head = os.pread(self._out_r, self._window(), 0)
-        os.ftruncate(self._out_r, 0)
-        self._dropped += size
-
-    def _window(self) -> int:
-        return self.output_limit_chars * 4  # bytes per character at worst in UTF-8
-
-    def _read_output(self) -> tuple[str, int]:
-        limit, window = self.output_limit_chars, self._window()
-        size = os.fstat(self._out_r).st_size
-        if self._head is None and size <= 2 * window:
-            data = os.pread(self._out_r, size, 0)
-            return truncate_middle(data, len(data), limit)
-        total = self._dropped + size
-        head = self._head if self._head is not None else os.pread(self._out_r, window, 0)
-        tail = os.pread(self._out_r, window, max(size - window, 0))
-        head_text = head.decode("utf-8", errors="replace")[: limit // 2]
-        tail_text = tail.decode("utf-8", errors="replace")
-        tail_text = tail_text[len(tail_text) - (limit - limit // 2) :]
-        cut = max(total - len(head_text.encode()) - len(tail_text.encode()), 0)
-        note = f"\n\n[... about {cut} bytes of output cut (limit {limit} characters) ...]\n\n"
-        return head_text + note + tail_text, cut
+            if not chunk:
+                return None
 
 
 def describe(outcome: BashOutcome, timeout_s: float) -> tuple[str, bool]:
