@@ -24,6 +24,7 @@ from karotte.host.build import (
     build_environment,
     declared_base_image,
     default_tag,
+    environment_name,
     karotte_base_suite,
 )
 from karotte.host.runtimes import get_runtime
@@ -380,3 +381,13 @@ def _register_cli() -> None:
 def _flat(text: str) -> str:
     """CLI output with the console's line wrapping undone."""
     return " ".join(text.split())
+
+
+def test_environment_name_comes_from_the_manifest(tmp_path: Path) -> None:
+    env_dir = tmp_path / "some-dir"
+    _write(env_dir / "pyproject.toml", '[project]\nname = "environment"\nversion = "0"\n')
+    # every environment's package is `environment`: that name must not become the tag
+    assert environment_name(env_dir) == "some-dir"
+    _write(env_dir / ".manifest.json", '{"env_name": "maze-tasks"}')
+    assert environment_name(env_dir) == "maze-tasks"
+    assert default_tag(environment_name(env_dir)) == "karotte-env/maze-tasks:latest"

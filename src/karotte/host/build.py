@@ -12,6 +12,7 @@ The launcher calls :func:`build_environment` (``karotte run`` builds first unles
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import time
 import tomllib
@@ -27,6 +28,7 @@ from karotte.host.base_image import (
     SUITE_PYTHON,
     ensure_base_image,
 )
+from karotte.host.manifest import MANIFEST_FILE
 from karotte.host.runtimes import Runtime, get_runtime, select_default_runtime
 from karotte.host.wheelhouse import WheelTarget, prepare_wheelhouse
 
@@ -193,12 +195,23 @@ def find_containerfile(env_dir: Path) -> Path:
 
 
 def environment_name(env_dir: Path) -> str:
+    """The environment's name: from ``.manifest.json`` (``create-env``), else ``pyproject.toml``.
+
+    Every environment's Python package is called ``environment``, so the project name is only
+    a fallback (it would give every environment the same tag).
+    """
+    try:
+        manifest = json.loads((env_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+        if isinstance(manifest, dict) and isinstance(manifest.get("env_name"), str):
+            return str(manifest["env_name"])
+    except (OSError, json.JSONDecodeError):
+        pass
     try:
         data = tomllib.loads((env_dir / "pyproject.toml").read_text(encoding="utf-8"))
         name = str(data["project"]["name"])
     except (OSError, KeyError, tomllib.TOMLDecodeError):
-        name = env_dir.resolve().name
-    return name
+        name = ""
+    return env_dir.resolve().name if name in ("", "environment") else name
 
 
 def default_tag(env_name: str) -> str:
