@@ -103,6 +103,11 @@ def build_command(
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Ignore the layer cache and remake the wheelhouse."
     ),
+    python: str = typer.Option(
+        None,
+        "--python",
+        help="The image's Python X.Y, for the wheelhouse (default: 3.11, the base image's).",
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Show the engine's full output."),
 ) -> None:
     """Build the environment's image (the base image and the wheelhouse are made when needed)."""
@@ -120,6 +125,7 @@ def build_command(
                     no_cache=no_cache,
                     on_progress=progress,
                     on_output=output,
+                    python_version=python,
                 )
         except ImageBuildError as exc:
             raise fail(str(exc), code=1) from None

@@ -268,11 +268,14 @@ def build_environment(
     no_cache: bool = False,
     on_progress: LineCallback | None = None,
     on_output: LineCallback | None = None,
+    python_version: str | None = None,
 ) -> BuiltImage:
     """Build the environment in ``env_dir`` into an image and return what was built.
 
     ``on_progress`` gets a short line per phase and per build step; ``on_output`` every line
-    of engine output. Raises :class:`ImageBuildError` (failing step + its output) or
+    of engine output. ``python_version`` is the image's Python the wheelhouse targets (default:
+    that of the karotte base image's Debian suite, 3.11 for other bases). Raises
+    :class:`ImageBuildError` (failing step + its output) or
     :class:`~karotte.errors.RuntimeUnavailableError` (with the exact fix).
     """
     started = time.monotonic()
@@ -296,7 +299,7 @@ def build_environment(
             # Pin the exact recipe, whatever the floating tag points to.
             args["BASE_IMAGE"] = base_image = base.pinned_tag
     target = WheelTarget(
-        python_version=SUITE_PYTHON.get(suite or "bookworm", "3.11"),
+        python_version=python_version or SUITE_PYTHON.get(suite or "bookworm", "3.11"),
         glibc=SUITE_GLIBC.get(suite or "bookworm", (2, 36)),
     )
     progress("preparing the wheelhouse")
