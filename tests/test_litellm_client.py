@@ -478,3 +478,25 @@ def test_cancellation_is_not_swallowed() -> None:
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(call_with_retries(cancelled, RetryPolicy()))
+
+
+def test_litellm_reaches_no_host_but_the_api(
+    provider: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up: list[str] = []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def spy(host: Any, *args: Any, **kwargs: Any) -> Any:
+        looked_up.append(str(host))
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", spy)
+    with ProviderStub([StubError(500, "once"), StubReply(text="ok")]) as stub:
+        client = make_client(provider, stub)
+        # a host name (not an IP literal) so that connecting to the API needs a lookup too
+        client.config.model_api_base = api_base(
+            provider, stub.url.replace("127.0.0.1", "localhost")
+        )
+        assert complete(client).message.text() == "ok"
+    assert "localhost" in looked_up  # the spy does see the lookups litellm makes
+    assert set(looked_up) <= {"localhost"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("LITELLM_TELEMETRY", "False")
 
 # provider name -> (model id, suffix of api_base after the stub's URL)
 PROVIDERS: dict[str, tuple[str, str]] = {

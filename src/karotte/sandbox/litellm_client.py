@@ -31,13 +31,16 @@ _VERBATIM_ARGUMENT_PROVIDERS = ("openai/", "azure/")
 
 
 def import_litellm() -> ModuleType:
-    """Import litellm without letting it reach the network or print banners."""
+    """Import litellm without letting it reach the network or print banners.
+
+    Without ``LITELLM_LOCAL_MODEL_COST_MAP`` litellm fetches its model map from GitHub at import
+    time. Its SDK sends no telemetry (that is an opt-in feature of its proxy) and registers no
+    callbacks by default; a spy on ``socket.getaddrinfo`` saw no lookup but the API's.
+    """
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("LITELLM_TELEMETRY", "False")
     import litellm
 
-    litellm.telemetry = False
-    litellm.suppress_debug_info = True
+    litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banner on errors
     return litellm
 
 
