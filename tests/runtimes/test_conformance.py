@@ -14,7 +14,12 @@ import pytest
 from karotte.errors import RuntimeUnavailableError
 from karotte.host.runtimes import Mount, Runtime, SandboxSpec, get_runtime, runtime_names
 from karotte.host.runtimes.base import LABEL_RUN_ID
-from karotte.host.runtimes.cgroup_delegation import delegate, host_cgroup_version, remove_dirs
+from karotte.host.runtimes.cgroup_delegation import (
+    delegate,
+    host_cgroup_version,
+    remove_dirs,
+    run_dirs_everywhere,
+)
 from karotte.host.runtimes.docker import DockerRuntime, GVisorRuntime
 from karotte.host.runtimes.oci_cli import OciCliRuntime
 from karotte.host.runtimes.podman import PodmanRuntime
@@ -276,8 +281,8 @@ def test_writable_student_cgroup(runtime: Runtime, cleanup: str) -> None:
     finally:
         for sandbox in runtime.list_sandboxes({LABEL_RUN_ID: cleanup}):
             runtime.remove(sandbox)
-        assert remove_dirs(delegation.run_dirs) == []
-    assert not Path(f"/sys/fs/cgroup/memory/karotte/{name}").exists()
+        assert remove_dirs(run_dirs_everywhere(name)) == []
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/karotte/{name}"))
 
 
 def test_local_runtime_is_honest() -> None:

@@ -530,7 +530,8 @@ class Launcher:
                 relay.close()
             for slot in self.slots:
                 if slot.delegation is not None and not self.options.keep_containers:
-                    left = cgroup_delegation.remove_dirs(slot.delegation.run_dirs)
+                    dirs = cgroup_delegation.run_dirs_everywhere(slot.sandbox_name)
+                    left = cgroup_delegation.remove_dirs(dirs)
                     for path in left:
                         self.display.message(f"[warning] could not remove cgroup dir {path}")
 

@@ -157,14 +157,25 @@ def remove_dirs(run_dirs: list[Path], attempts: int = 20) -> list[Path]:
     return left
 
 
+def _karotte_bases(root: Path) -> list[Path]:
+    """``karotte/`` in every mounted hierarchy: the engine creates ``--cgroup-parent`` in all of
+    them (cpuset, blkio, devices …), not only in the controllers the harness gets."""
+    bases = [root / KAROTTE_SUBDIR]
+    with contextlib.suppress(OSError):
+        bases += [h / KAROTTE_SUBDIR for h in sorted(root.iterdir()) if h.is_dir()]
+    return [b for b in bases if b.is_dir()]
+
+
+def run_dirs_everywhere(run_name: str, root: Path = CGROUP_MOUNT) -> list[Path]:
+    """Every ``karotte/<run-name>`` dir of one run, in every hierarchy."""
+    return [b / run_name for b in _karotte_bases(root) if (b / run_name).is_dir()]
+
+
 def leftover_run_dirs(root: Path = CGROUP_MOUNT) -> dict[str, list[Path]]:
     """Every ``karotte/<run-name>`` dir on this host, by run name."""
     found: dict[str, list[Path]] = {}
-    bases = [root / KAROTTE_SUBDIR] + [root / c / KAROTTE_SUBDIR for c in V1_CONTROLLERS]
-    for base in bases:
-        if not base.is_dir():
-            continue
+    for base in _karotte_bases(root):
         for run_dir in base.iterdir():
-            if run_dir.is_dir() and (run_dir / "student").is_dir():
+            if run_dir.is_dir():
                 found.setdefault(run_dir.name, []).append(run_dir)
     return found

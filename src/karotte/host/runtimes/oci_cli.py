@@ -206,7 +206,8 @@ class OciCliRuntime(Runtime):
         iid: Path,
         no_cache: bool = False,
     ) -> list[str]:
-        args = ["build", "--network=host", "-f", str(containerfile), "-t", tag]
+        # --force-rm: a failing step's intermediate container must not be left behind
+        args = ["build", "--network=host", "--force-rm", "-f", str(containerfile), "-t", tag]
         if no_cache:
             args.append("--no-cache")
         args += ["--iidfile", str(iid)]
