@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from karotte.cli import app
 from karotte.errors import RuntimeUnavailableError
-from karotte.host.base_image import SOURCE_DATE_EPOCH, ensure_base_image
+from karotte.host.base_image import SOURCE_DATE_EPOCH, BaseImageRecipe, ensure_base_image
 from karotte.host.build import (
     BuildLog,
     BuiltImage,
@@ -391,3 +391,38 @@ def test_environment_name_comes_from_the_manifest(tmp_path: Path) -> None:
     _write(env_dir / ".manifest.json", '{"env_name": "maze-tasks"}')
     assert environment_name(env_dir) == "maze-tasks"
     assert default_tag(environment_name(env_dir)) == "karotte-env/maze-tasks:latest"
+
+
+@pytest.mark.requires_docker
+@pytest.mark.slow
+def test_a_registry_style_base_image_is_used_as_given(
+    first_build: BuiltImage, broken_env: Path, docker_runtime: DockerRuntime, test_tag: str
+) -> None:
+    # No registry here: stand in for one with an image `karotte base` did not name (its plain
+    # imported root filesystem: a different image, no labels or ENV, like a registry image).
+    recipe = BaseImageRecipe.for_suite()
+    rootfs = f"karotte/base-rootfs:{recipe.suite}-{recipe.digest}"
+    other = f"example.invalid/debian-with-python:{os.getpid()}"
+    subprocess.run(["docker", "tag", rootfs, other], check=True)
+    try:
+        built = build_environment(
+            broken_env, docker_runtime, tag=test_tag + "-other", build_args={"BASE_IMAGE": other}
+        )
+        assert built.base_image == other
+        assert built.image_id != first_build.image_id
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", test_tag + "-other", other], check=False)
+
+
+@pytest.mark.requires_docker
+@pytest.mark.slow
+def test_no_cache_rebuilds_every_step(
+    first_build: BuiltImage, broken_env: Path, docker_runtime: DockerRuntime, test_tag: str
+) -> None:
+    built = build_environment(broken_env, docker_runtime, tag=test_tag + "-nocache", no_cache=True)
+    try:
+        assert built.cached_steps == 0
+        assert not built.wheelhouse_reused
+        assert built.image_id != first_build.image_id
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", test_tag + "-nocache"], check=False)
