@@ -331,3 +331,86 @@ def test_signal_removes_exactly_this_launchers_sandboxes(
     assert first.wait(timeout=60) == 130
     assert _own_sandboxes(runtime, first.pid) == []
     assert len(_own_sandboxes(runtime, second.pid)) == 1
+
+
+# ---- a model behind a proxy, and the launcher's backstop ---------------------------------------
+@pytest.mark.requires_docker
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_model_calls_go_through_the_proxy(env_dir: Path, tmp_path: Path, provider: str) -> None:
+    """The sandbox has no network; --proxy relays the harness's model calls to a local
+    provider stub (Claude: URL/v1/messages, others: URL/v1/chat/completions)."""
+    from stubs.helpers import model_id
+    from stubs.provider_stub import ProviderStub, StubReply
+
+    _available("docker")
+    image = _image(env_dir, "docker")
+    out = tmp_path / "out"
+    with ProviderStub([StubReply(text="The sum is 52.\n\nSUM: 52")]) as stub:
+        proc = subprocess.run(
+            [
+                KAROTTE,
+                "run",
+                "--task",
+                TASK,
+                "--model",
+                model_id(provider),
+                "--model-api-key",
+                "sk-test",
+                "--out",
+                str(out),
+                "--no-ui",
+                "--runtime",
+                "docker",
+                "--image",
+                image,
+                "--proxy",
+                stub.url,
+            ],
+            cwd=env_dir,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        paths = [r.path for r in stub.requests]
+    transcript = _transcript(out / "transcript.json")
+    assert transcript["status"] != "error", proc.stderr[-3000:]
+    expected = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
+    assert paths and all(p.startswith(expected) for p in paths), paths
+    assert _completed(transcript)["scores"][0] == 1.0  # type: ignore[index]
+    config = json.loads((out / "transcript.run_config.json").read_text())
+    assert config["model_api_base"].startswith("http://127.0.0.1:")
+
+
+@pytest.mark.requires_docker
+def test_backstop_stops_a_hanging_sandbox(env_dir: Path, tmp_path: Path) -> None:
+    """A harness that hangs past every time limit is stopped by the launcher, and the run
+    ends with a `timeout` transcript instead of hanging."""
+    from karotte.config import EvaluationRunConfig
+    from karotte.host.launcher import Launcher, LaunchOptions, parse_mount
+
+    _available("docker")
+    image = _image(env_dir, "docker")
+    fake = tmp_path / "hang"
+    fake.write_text("#!/bin/sh\nexec sleep 1000\n")
+    fake.chmod(0o755)
+    config = EvaluationRunConfig(
+        task_id=TASK,
+        use_fake_model=True,
+        task_time_limit_s=1,
+        judge_timeout_s=1,
+        transcript_file=tmp_path / "out" / "transcript.json",
+    )
+    options = LaunchOptions(
+        runtime="docker",
+        image=image,
+        ui=False,
+        backstop_grace_s=2,
+        mounts=[parse_mount(f"{fake}:/root/.venv/bin/karotte:ro")],
+    )
+    started = time.monotonic()
+    result = Launcher(config, options).run()
+    assert time.monotonic() - started < 60
+    assert result.exit_code == 1
+    transcript = _transcript(tmp_path / "out" / "transcript.json")
+    assert transcript["error_kind"] == "timeout"
+    assert get_runtime("docker").list_sandboxes({LABEL_RUN_ID: config.run_id}) == []

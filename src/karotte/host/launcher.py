@@ -115,6 +115,8 @@ class LaunchOptions(BaseModel):
     cpus: float | None = None
     pids_limit: int | None = None
     disk_bytes: int | None = None
+    # the launcher stops a sandbox this long after the run's own time limits have passed
+    backstop_grace_s: float = Field(default=120.0, gt=0)
 
 
 def parse_mount(text: str) -> Mount:
@@ -150,6 +152,7 @@ class RunSlot:
         self.state = "pending"
         self.detail = ""
         self.failure: str | None = None  # why the sandbox side failed, if it did
+        self.timed_out: float | None = None  # the launcher's backstop stopped it after (s)
         self.started_at = time.time()
         self.finished = threading.Event()
 
@@ -491,9 +494,18 @@ class Launcher:
         ]
         for thread in threads:
             thread.start()
+        # the harness enforces task_time_limit_s itself; this is the backstop for a harness
+        # that hangs or dies silently: no run may hang the launcher
+        config = self.base_config
+        limit = config.task_time_limit_s + config.judge_timeout_s + self.options.backstop_grace_s
+        deadline = time.monotonic() + limit
         for slot in self.slots:
             while not slot.finished.wait(0.2):
-                pass
+                if time.monotonic() > deadline and slot.timed_out is None:
+                    slot.timed_out = limit
+                    if slot.sandbox is not None:
+                        with contextlib.suppress(KarotteError):
+                            self.runtime.stop(slot.sandbox, timeout_s=5)
 
     def hold_open(self) -> None:
         """--prepare-only: print how to get in, then keep the sandboxes until Ctrl-C."""
@@ -560,15 +572,19 @@ class Launcher:
             existing = read_transcript(slot.host_transcript, slot.run_id)
             if existing is not None and existing.completed() is not None:
                 continue
+            kind = ErrorKind.INFRA
             if interrupted:
                 why = "interrupted (Ctrl-C/SIGTERM) before the run finished"
+            elif slot.timed_out is not None:
+                kind = ErrorKind.TIMEOUT
+                why = f"the launcher stopped the sandbox: no result after {slot.timed_out:.0f} s"
             elif slot.failure:
                 why = slot.failure
             else:
                 why = f"the sandbox exited with code {slot.exit_code} without writing a transcript"
             tail = "\n".join(slot.stderr_tail)
             message = f"{why}\nlast sandbox stderr:\n{tail}" if tail else why
-            write_infra_transcript(slot, message)
+            write_infra_transcript(slot, message, kind)
             slot.state = "error"
 
     def run(self) -> LaunchResult:
@@ -710,9 +726,11 @@ def read_transcript(path: Path, run_id: str) -> Transcript | None:
     return transcript if transcript.run_id == run_id else None
 
 
-def write_infra_transcript(slot: RunSlot, message: str) -> None:
+def write_infra_transcript(
+    slot: RunSlot, message: str, kind: ErrorKind = ErrorKind.INFRA
+) -> None:
     """The host-side transcript of a run whose sandbox left none: every event that streamed
-    back, then the infra error."""
+    back, then the error (``infra``, or ``timeout`` when the launcher's backstop stopped it)."""
     config = slot.config
     transcript = Transcript(run_id=config.run_id, task_id=config.task_id, model=config.model)
     events: list[Event] = [e for e in slot.events if not isinstance(e, TaskCompleted)]
@@ -720,11 +738,11 @@ def write_infra_transcript(slot: RunSlot, message: str) -> None:
     for event in events:
         if isinstance(event, MessageAdded) and event.usage is not None:
             usage = usage + event.usage
-    events.append(ErrorOccurred(kind=ErrorKind.INFRA, message=message))
+    events.append(ErrorOccurred(kind=kind, message=message))
     events.append(
         TaskCompleted(
             status="error",
-            error_kind=ErrorKind.INFRA,
+            error_kind=kind,
             scores=[],
             score=0.0,
             duration_s=time.time() - slot.started_at,
@@ -735,7 +753,7 @@ def write_infra_transcript(slot: RunSlot, message: str) -> None:
         event.seq = seq
     transcript.events = events
     transcript.status = "error"
-    transcript.error_kind = ErrorKind.INFRA
+    transcript.error_kind = kind
     transcript.score = 0.0
     slot.events = events
     write_text_atomic(slot.host_transcript, transcript.model_dump_json(indent=1) + "\n")
