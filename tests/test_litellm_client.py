@@ -117,10 +117,9 @@ def test_retry_after_ms_is_preferred(provider: str) -> None:
 def test_retry_after_beyond_the_budget_fails_at_once(provider: str) -> None:
     with ProviderStub([StubError(429, "quota", {"retry-after": "30"}), StubReply()]) as stub:
         client = make_client(provider, stub, budget_s=5.0)
-        started = time.monotonic()
         with pytest.raises(ModelCallFailed) as caught:
             complete(client)
-    assert time.monotonic() - started < 5.0
+    assert client.retry.records == []  # it did not wait at all
     assert len(stub.requests) == 1
     assert caught.value.status == 429
     assert "asked to wait 30s" in str(caught.value)
