@@ -49,6 +49,7 @@ RESTART_NOTE = "The shell was restarted; cwd and env were reset and its processe
 _MAX_STATUS_LINE = 4096
 _READ_CHUNK = 1 << 16
 _DRAIN_PER_WAKEUP = 1 << 20  # bytes read per event-loop wakeup: a flood cannot starve the loop
+IDLE_DRAIN_CAP = 16 << 20  # between calls, stop draining after this much (writers then block)
 
 
 @dataclass
@@ -95,6 +96,8 @@ class BashSession:
         self._stdin_w = self._status_r = self._out_r = self._pidfd = -1
         self._status_buffer = b""
         self.output = OutputBuffer(output_limit_chars)
+        self._running = False  # a command is running
+        self._draining = False  # the output pipe is registered with the event loop
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -151,7 +154,7 @@ class BashSession:
         os.set_blocking(out_r, False)
         self._status_buffer = b""
         self.output.reset()
-        asyncio.get_running_loop().add_reader(out_r, self._drain)
+        self._resume_draining()
         # Move the status pipe to fd 3 (start() then proves the shell answers).
         self._write_control(f"exec 3>&{status_w} {status_w}>&-\n")
 
@@ -170,7 +173,7 @@ class BashSession:
         if proc is None:
             return
         self._proc = None
-        asyncio.get_running_loop().remove_reader(self._out_r)
+        self._pause_draining()
         kill_session_tree(
             proc.pid,
             self.identity,
@@ -191,22 +194,38 @@ class BashSession:
         await self.start()
 
     # ---- output ------------------------------------------------------------------------------
+    def _resume_draining(self) -> None:
+        if not self._draining and self._out_r >= 0:
+            asyncio.get_running_loop().add_reader(self._out_r, self._drain)
+            self._draining = True
+
+    def _pause_draining(self) -> None:
+        if self._draining:
+            asyncio.get_running_loop().remove_reader(self._out_r)
+            self._draining = False
+
     def _drain(self, limit: int = _DRAIN_PER_WAKEUP) -> None:
-        """Move what is in the output pipe into the buffer (event-loop callback, non-blocking)."""
+        """Move what is in the output pipe into the buffer (event-loop callback, non-blocking).
+
+        Between calls, after :data:`IDLE_DRAIN_CAP` bytes the harness stops reading until the
+        next call (like a terminal nobody scrolls): a background flood cannot keep the
+        harness busy for the rest of the run.
+        """
         taken = 0
         while taken < limit:
             try:
                 chunk = os.read(self._out_r, _READ_CHUNK)
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError:
                 chunk = b""
             if not chunk:  # every writer is gone (bash died, no background process left)
-                with contextlib.suppress(Exception):
-                    asyncio.get_running_loop().remove_reader(self._out_r)
+                self._pause_draining()
                 return
             self.output.feed(chunk)
             taken += len(chunk)
+        if not self._running and self.output.total > IDLE_DRAIN_CAP:
+            self._pause_draining()
 
     def _pending_output(self) -> int:
         try:
@@ -265,9 +284,14 @@ class BashSession:
             f"{{ . {self._cmd_path}; }} </dev/null 2>&1 3>&-; "
             f"\\builtin printf '{nonce}:%s\\n' \"$?\" >&3\n"
         )
-        with contextlib.suppress(BrokenPipeError):  # bash is gone: the wait below sees it
-            self._write_control(control)
-        return await self._wait_status(nonce, timeout_s)
+        self._running = True
+        self._resume_draining()
+        try:
+            with contextlib.suppress(BrokenPipeError):  # bash is gone: the wait below sees it
+                self._write_control(control)
+            return await self._wait_status(nonce, timeout_s)
+        finally:
+            self._running = False
 
     def _exited(self) -> bool:
         """Whether bash has exited. Does not reap it: a zombie keeps its pid (and process
