@@ -240,3 +240,28 @@ def test_sysv_shm_counts_against_the_student_memory(
         from karotte.sandbox.confinement.cleanup import remove_student_ipc
 
         remove_student_ipc(student.uid)
+
+
+def test_cgroup_v2_kill_and_membership(student: StudentIdentity) -> None:
+    # this host's v2 hierarchy has no memory/pids controller, but cgroup.kill and membership
+    # are the same code path custody uses on v2 sandboxes
+    from karotte.sandbox.confinement.cgroups import CgroupV2
+
+    unified = Path("/sys/fs/cgroup/unified")
+    if not (unified / "cgroup.procs").exists() or not os.access(unified, os.W_OK):
+        pytest.skip("no writable cgroup v2 mount")
+    path = unified / f"karotte-test-v2-{student.uid}"
+    path.mkdir()
+    group = CgroupV2(path, created=True)
+    try:
+        procs = [
+            spawn_student(student, "sleep 60 & sleep 60 & wait", before=lambda: group.add_pid(0))
+            for _ in range(2)
+        ]
+        assert wait_until(lambda: len(group.pids()) >= 6, 10), group.pids()
+        group.kill_all()
+        assert all(p.wait(timeout=10) == -9 for p in procs)
+        assert wait_until(lambda: group.pids() == [], 5)
+    finally:
+        group.remove()
+    assert not path.exists()
