@@ -318,3 +318,21 @@ def test_idle_flood_stops_being_drained(tmp_path: Path, monkeypatch: pytest.Monk
         assert out.output.endswith("next-call\n") and out.exit_code == 0
 
     with_session(tmp_path, body)
+
+
+def test_shell_killed_between_calls_is_restarted_before_the_command(tmp_path: Path) -> None:
+    async def body(s: BashSession) -> None:
+        await s.run("cd / && export GONE=1", 5)
+        assert s.pid is not None
+        os.kill(s.pid, 9)  # e.g. custody stopped every student process between steps
+        await asyncio.sleep(0.1)
+        out = await s.run('echo "ran in $(pwd) GONE=$GONE"', 5)
+        assert out.exit_code == 0 and out.output == f"ran in {tmp_path} GONE=\n"
+        text, is_error = describe(out, 5)
+        assert text.startswith("[Before this command the shell had ended (status -9)")
+        assert not is_error
+        suicide = await s.run("kill -9 $$", 5)
+        assert suicide.restarted and suicide.shell_exited == -9
+        assert (await s.run("echo back", 5)).output == "back\n"
+
+    with_session(tmp_path, body)

@@ -63,6 +63,7 @@ class BashOutcome:
     restarted: bool = False
     cut_chars: int = 0
     duration_s: float = 0.0
+    note: str | None = None  # e.g. the shell had died between calls and was started afresh
 
 
 class BashSession:
@@ -243,10 +244,18 @@ class BashSession:
     async def run(self, command: str, timeout_s: float) -> BashOutcome:
         """Run ``command`` in the shell; never raises for anything the command does."""
         started = time.monotonic()
+        note = None
+        if self._proc is not None and self._exited():  # killed between calls (e.g. custody)
+            status_before = self._exit_status()
+            await self.restart()
+            note = (
+                f"[Before this command the shell had ended (status {status_before}); "
+                "a fresh shell was started: cwd and env were reset.]"
+            )
         if self._proc is None:
             await self.start()
         status = await self._execute(command, timeout_s)
-        outcome = BashOutcome(output="", exit_code=None)
+        outcome = BashOutcome(output="", exit_code=None, note=note)
         if isinstance(status, int):
             outcome.exit_code = status
         elif status == "timeout":
@@ -360,7 +369,8 @@ class BashSession:
 
 def describe(outcome: BashOutcome, timeout_s: float) -> tuple[str, bool]:
     """The text the agent sees for ``outcome``, and whether it is an error."""
-    parts = [outcome.output if outcome.output else "(no output)"]
+    parts = [outcome.note] if outcome.note else []
+    parts.append(outcome.output if outcome.output else "(no output)")
     if outcome.exit_code not in (None, 0):
         parts.append(f"[exit code {outcome.exit_code}]")
     if outcome.timed_out:
