@@ -30,7 +30,13 @@ from karotte.host.build import (
 from karotte.host.runtimes import get_runtime
 from karotte.host.runtimes.docker import DockerRuntime
 from karotte.host.vendor import build_karotte_wheel
-from karotte.host.wheelhouse import WHEELHOUSE_DIR, WheelTarget, prepare_wheelhouse
+from karotte.host.wheelhouse import (
+    DEPS_DIR,
+    ENV_WHEEL_DIR,
+    WHEELHOUSE_DIR,
+    WheelTarget,
+    prepare_wheelhouse,
+)
 
 # Same supply-chain cut-off as Karotte's own lock, so downloads hit the wheel cache.
 EXCLUDE_NEWER = "2026-11-25T00:00:00Z"
@@ -78,11 +84,14 @@ def _make_env(root: Path, name: str, dependencies: list[str], sources: str = "")
         ARG BASE_IMAGE=karotte/base:bookworm
         FROM ${{BASE_IMAGE}}
         LABEL dev.karotte.environment="{name}"
-        COPY .karotte/build/wheels/ /tmp/wheels/
+        LABEL test-token="{token}"
+        COPY .karotte/build/deps/ /tmp/deps/
         RUN python3 -m venv /root/.venv \\
-            && /root/.venv/bin/pip install --no-cache-dir --no-index \\
-                --find-links /tmp/wheels {name} \\
-            && rm -rf /tmp/wheels
+            && /root/.venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/deps/*.whl \\
+            && rm -rf /tmp/deps
+        COPY .karotte/build/env/ /tmp/env/
+        RUN /root/.venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/env/*.whl \\
+            && rm -rf /tmp/env
         ENV PATH=/root/.venv/bin:${{PATH}}
         RUN python -c "import environment, pydantic; print('installed', environment.TOKEN)"
         """,
@@ -202,6 +211,13 @@ def test_wheelhouse_is_complete_and_for_the_images_python(small_env: Path) -> No
     assert not any(("cp312" in n or "cp313" in n or "win" in n or "macos" in n) for n in names)
     for path in (small_env / WHEELHOUSE_DIR).iterdir():
         assert path.stat().st_mtime == SOURCE_DATE_EPOCH
+    # the same files, split: dependencies / the environment's own wheel (hard links)
+    own = [p.name for p in (small_env / ENV_WHEEL_DIR).iterdir()]
+    deps = sorted(p.name for p in (small_env / DEPS_DIR).iterdir())
+    assert len(own) == 1 and own[0].startswith("small_env-0.1.0-")
+    assert sorted([*own, *deps]) == names
+    wheel = small_env / WHEELHOUSE_DIR / own[0]
+    assert wheel.stat().st_ino == (small_env / ENV_WHEEL_DIR / own[0]).stat().st_ino
 
 
 @pytest.mark.slow
@@ -290,10 +306,26 @@ def test_unchanged_rebuild_is_fast_and_cached(
     again = build_environment(small_env, docker_runtime, tag=test_tag)
     assert again.image_id == first_build.image_id
     assert again.wheelhouse_reused
-    # ARG and FROM are never "cached"; LABEL, COPY, RUN, ENV, RUN all are
-    assert (again.steps, again.cached_steps) == (7, 5)
+    # ARG and FROM are never "cached"; the 8 steps after them all are
+    assert (again.steps, again.cached_steps) == (10, 8)
     assert again.duration_s < 10
     assert again.duration_s < first_build.duration_s / 2, (again, first_build)
+
+
+@pytest.mark.requires_docker
+@pytest.mark.slow
+def test_editing_a_task_keeps_the_dependency_layer(
+    first_build: BuiltImage, broken_env: Path, docker_runtime: DockerRuntime, test_tag: str
+) -> None:
+    (broken_env / "src/environment/tasks.py").write_text("EDITED = True\n")
+    edited = build_environment(broken_env, docker_runtime, tag=test_tag + "-edited")
+    try:
+        assert not edited.wheelhouse_reused
+        # LABEL, LABEL, COPY deps, RUN pip install deps: cached; the env's wheel and after: not
+        assert (edited.steps, edited.cached_steps) == (10, 4)
+        assert edited.duration_s < first_build.duration_s / 2, (edited, first_build)
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", test_tag + "-edited"], check=False)
 
 
 @pytest.fixture

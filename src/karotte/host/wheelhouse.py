@@ -4,7 +4,10 @@
 Karotte (from the environment's vendored copy) and all their runtime dependencies, exactly as
 pinned in the environment's ``uv.lock``, for the image's Python (3.11 on Debian bookworm) and this
 machine's architecture. The Containerfile installs them with
-``pip install --no-index --find-links .karotte/build/wheels``.
+``pip install --no-index --find-links .karotte/build/wheels``. The same files are also split (hard
+links) into ``.karotte/build/deps/`` (everything but the environment's own wheel; changes only
+with ``uv.lock``) and ``.karotte/build/env/`` (the environment's wheel), so a Containerfile can
+install the dependencies in a layer that stays cached while tasks are edited.
 
 Steps: ``uv export`` lists the packages of the lock that the image needs (markers evaluated for
 the image's Python/Linux), the best wheel of each is picked among the files the lock records
@@ -37,9 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from karotte.errors import KarotteError
 from karotte.host.base_image import SOURCE_DATE_EPOCH, cache_dir
 
-WHEELHOUSE_DIR = ".karotte/build/wheels"
+WHEELHOUSE_DIR = ".karotte/build/wheels"  # everything (the contract's wheelhouse)
+DEPS_DIR = ".karotte/build/deps"  # the same minus the environment's own wheel
+ENV_WHEEL_DIR = ".karotte/build/env"  # only the environment's own wheel
 WHEELHOUSE_RECORD = ".karotte/build/wheelhouse.json"
-WHEELHOUSE_VERSION = 1
+WHEELHOUSE_VERSION = 2
 # Never part of the key: build output, virtualenvs, caches.
 _SKIP_PARTS = {"__pycache__", ".venv", ".git", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
@@ -154,6 +159,8 @@ def prepare_wheelhouse(
             record.get("key") == key
             and isinstance(wheels, list)
             and sorted(p.name for p in directory.glob("*.whl")) == sorted(wheels)
+            and (directory.parent / "deps").is_dir()
+            and (directory.parent / "env").is_dir()
         ):
             return WheelhouseResult(
                 directory=directory,
@@ -163,8 +170,11 @@ def prepare_wheelhouse(
                 duration_s=time.monotonic() - started,
             )
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="wheels.", dir=directory.parent))
+    build_dir = directory.parent
+    build_dir.mkdir(parents=True, exist_ok=True)
+    staging_root = Path(tempfile.mkdtemp(prefix=".staging.", dir=build_dir))
+    staging = staging_root / "wheels"
+    staging.mkdir()
     try:
         progress("resolving the locked dependencies (uv export)")
         requirements, local_paths = _exported_requirements(env_dir, target)
@@ -174,19 +184,32 @@ def prepare_wheelhouse(
             progress(f"adding local dependency {path.name}")
             _add_local(path, staging)
         progress("building the environment's wheel (uv build)")
-        _uv_build_wheel(env_dir, staging)
+        own = _uv_build_wheel(env_dir, staging)
         wheels = sorted(p.name for p in staging.glob("*.whl"))
         _check_no_duplicates(wheels)
-        for path in staging.iterdir():
-            os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
-        staging.chmod(0o755)
-        os.utime(staging, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
-        if directory.exists():
-            shutil.rmtree(directory)
-        staging.rename(directory)
+        # The same files split in two (hard links): dependencies change with uv.lock only,
+        # the environment's wheel with every source edit; a Containerfile that installs them in
+        # two steps keeps the slow dependency layer cached while tasks are edited.
+        for name, subset in (
+            ("deps", [w for w in wheels if w not in own]),
+            ("env", [w for w in wheels if w in own]),
+        ):
+            (staging_root / name).mkdir()
+            for wheel in subset:
+                os.link(staging / wheel, staging_root / name / wheel)
+        for sub in ("wheels", "deps", "env"):
+            part = staging_root / sub
+            for path in part.iterdir():
+                os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+            part.chmod(0o755)
+            os.utime(part, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+        for sub in ("wheels", "deps", "env"):
+            final = build_dir / sub
+            if final.exists():
+                shutil.rmtree(final)
+            (staging_root / sub).rename(final)
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging_root, ignore_errors=True)
     record_path.write_text(
         json.dumps({"key": key, "target": target.model_dump(mode="json"), "wheels": wheels}) + "\n",
         encoding="utf-8",
@@ -409,7 +432,8 @@ def _add_local(path: Path, out_dir: Path) -> None:
         raise WheelhouseError(f"local dependency {path} does not exist or is not a wheel")
 
 
-def _uv_build_wheel(source: Path, out_dir: Path, pure_only: bool = False) -> None:
+def _uv_build_wheel(source: Path, out_dir: Path, pure_only: bool = False) -> list[str]:
+    """Build ``source`` (a project dir or sdist) into wheels in ``out_dir``; their names."""
     with tempfile.TemporaryDirectory(prefix="karotte-uv-build-") as tmp:
         env = dict(os.environ)
         env["SOURCE_DATE_EPOCH"] = str(SOURCE_DATE_EPOCH)  # reproducible wheel contents
@@ -434,6 +458,7 @@ def _uv_build_wheel(source: Path, out_dir: Path, pure_only: bool = False) -> Non
                     f"one ({wheel.name}) here; pin a version that ships manylinux wheels"
                 )
             shutil.copyfile(wheel, out_dir / wheel.name)
+        return [wheel.name for wheel in built]
 
 
 def _check_no_duplicates(wheels: Iterable[str]) -> None:
