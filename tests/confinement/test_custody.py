@@ -293,3 +293,14 @@ def test_save_submission_into_a_given_directory(tmp_path: Path) -> None:
     copies = save_submission(["a.txt"], tmp_path / "dest", base_dir=str(tmp_path))
     assert copies["a.txt"].read_text() == "a"
     assert stat.S_IMODE((tmp_path / "dest").stat().st_mode) == 0o700
+
+
+def test_custody_options_come_from_extra_config(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_bytes(b"x" * 2048)
+    config = EvaluationRunConfig(
+        task_id="t",
+        transcript_file=tmp_path / "out" / "run.json",
+        extra_config={"custody": {"max_file_bytes": 1024}},
+    )
+    with pytest.raises(StudentMisbehaviorError, match="more than 1024"):
+        collect_submission(config, [str(tmp_path / "big.txt")])

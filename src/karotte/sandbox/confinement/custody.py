@@ -398,9 +398,12 @@ def collect_submission(
 
     With ``config.student_user`` set (inside a sandbox), first kills every student process and
     cleans up after it (see the module doc). Without it (local development) only the safe copy
-    is made. Raises :class:`StudentMisbehaviorError` when the student tampered.
+    is made. Raises :class:`StudentMisbehaviorError` when the student tampered. Options default
+    to ``config.extra_config["custody"]`` (a :class:`CustodyOptions` dict), else the defaults.
     """
-    options = options or CustodyOptions()
+    if options is None:
+        raw = config.extra_config.get("custody")
+        options = CustodyOptions.model_validate(raw) if isinstance(raw, dict) else CustodyOptions()
     identity = student_identity(config.student_user) if config.student_user else None
     base = identity.home if identity is not None else os.getcwd()
     absolute = [_absolute(p, base) for p in paths]
