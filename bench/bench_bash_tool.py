@@ -66,16 +66,23 @@ def line(name: str, samples: list[float]) -> str:
 
 async def bench_interleaved(
     config: EvaluationRunConfig, calls: int
-) -> tuple[list[float], list[float], list[float]]:
-    """ToolBox call, bare session call and fresh bash, interleaved: all see the same load."""
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """ToolBox call (direct and memory transports), bare session call and fresh bash,
+    interleaved: all see the same load."""
     tool_s: list[float] = []
+    memory_s: list[float] = []
     session_s: list[float] = []
     fresh_s: list[float] = []
     session = BashSession(None, demoted_env(None), "/tmp", output_limit_chars=30_000)
     await session.start()
     try:
-        async with open_toolbox(config, BenchTask(config)) as box:
+        async with (
+            open_toolbox(config, BenchTask(config)) as box,
+            open_toolbox(config, BenchTask(config), transport="memory") as memory_box,
+        ):
             for index in range(calls + 20):
+                before = time.perf_counter()
+                await memory_box.call("bash", {"command": "true"})
                 started = time.perf_counter()
                 result = await box.call("bash", {"command": "true"})
                 middle = time.perf_counter()
@@ -85,12 +92,13 @@ async def bench_interleaved(
                 done = time.perf_counter()
                 assert not result.is_error, result.output
                 if index >= 20:  # warm-up
+                    memory_s.append(started - before)
                     tool_s.append(middle - started)
                     session_s.append(end - middle)
                     fresh_s.append(done - end)
     finally:
         await session.close()
-    return tool_s, session_s, fresh_s
+    return tool_s, memory_s, session_s, fresh_s
 
 
 async def bench_agent_turns(
@@ -139,10 +147,11 @@ def main() -> None:
     args = parser.parse_args()
     config = EvaluationRunConfig(task_id="bench", student_user=args.student_user)
 
-    toolbox, session, fresh = asyncio.run(bench_interleaved(config, args.calls))
+    toolbox, memory, session, fresh = asyncio.run(bench_interleaved(config, args.calls))
     turns, overhead = asyncio.run(bench_agent_turns(config, args.calls))
 
     print(line("bash tool `true` via MCP ToolBox", toolbox))
+    print(line("  same, SDK InMemoryTransport (JSON-RPC)", memory))
     print(line("bash session `true` (no MCP)", session))
     print(line('subprocess.run(["bash","-c","true"])', fresh))
     print(line("agent loop turn (fake model + bash true)", turns))

@@ -236,3 +236,21 @@ def test_check_task_tools_validates_without_starting_anything() -> None:
         check_task_tools(
             cfg, make_task(["replace_in_file"], {"replace_in_file": {"max_file_bytes": 0}})(cfg)
         )
+
+
+@pytest.mark.parametrize("transport", ["direct", "memory"])
+def test_both_in_process_transports_work(transport: str) -> None:
+    from karotte.sandbox.tools.client import connect_toolbox
+
+    async def main() -> tuple[list[str], str]:
+        cfg = config()
+        tools = await bind_tools(cfg, make_task(["bash"])(cfg))
+        try:
+            served = build_server(tools)
+            async with connect_toolbox(served.server, 30, transport) as box:  # type: ignore[arg-type]
+                names = [s["function"]["name"] for s in await box.specs()]
+                return names, (await box.call("bash", {"command": "echo via-" + transport})).output
+        finally:
+            await close_tools(tools)
+
+    assert asyncio.run(main()) == (["bash"], f"via-{transport}\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from karotte.sandbox.tools.base import ToolBox, ToolResult
 
@@ -22,10 +22,13 @@ CLIENT_TIMEOUT_GRACE_S = 30.0
 
 
 @asynccontextmanager
-async def open_toolbox(config: EvaluationRunConfig, task: Task) -> AsyncIterator[ToolBox]:
+async def open_toolbox(
+    config: EvaluationRunConfig, task: Task, *, transport: Literal["direct", "memory"] = "direct"
+) -> AsyncIterator[ToolBox]:
     """The task's tools as a ToolBox, served over MCP in-process; closed (and killed) on exit.
 
-    Raises :class:`~karotte.errors.TaskLoadError` for an unknown tool name or bad options.
+    ``transport``: see :func:`karotte.sandbox.tools.client.connect_toolbox`. Raises
+    :class:`~karotte.errors.TaskLoadError` for an unknown tool name or bad options.
     """
     from karotte.sandbox.tools.client import connect_toolbox
     from karotte.sandbox.tools.registry import bind_tools, close_tools
@@ -35,7 +38,7 @@ async def open_toolbox(config: EvaluationRunConfig, task: Task) -> AsyncIterator
     try:
         served = build_server(tools)
         timeout = config.tool_timeout_s + CLIENT_TIMEOUT_GRACE_S
-        async with connect_toolbox(served.server, timeout) as toolbox:
+        async with connect_toolbox(served.server, timeout, transport) as toolbox:
             yield toolbox
     finally:
         await close_tools(tools)

@@ -1,14 +1,17 @@
 """The agent loop's :class:`~karotte.sandbox.tools.base.ToolBox`, speaking MCP to the tool server.
 
-In-process, the SDK's ``Client`` connects straight to the server object; the tool server is the
-same one an external agent would reach over streamable HTTP.
+In-process, the SDK's ``Client`` connects to the server object: ``"direct"`` (default) uses the
+SDK's in-process dispatch (no JSON-RPC framing, fastest); ``"memory"`` uses the SDK's
+``InMemoryTransport`` (``mode="legacy"``: JSON-RPC messages over memory streams, with the
+initialize handshake, like a real transport). The tool
+server is the same one an external agent would reach over streamable HTTP.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import mcp_types as types
 from mcp import Client
@@ -71,8 +74,15 @@ class McpToolBox:
         return None
 
 
+Transport = Literal["direct", "memory"]
+
+
 @asynccontextmanager
-async def connect_toolbox(server: Server[Any], call_timeout_s: float) -> AsyncIterator[McpToolBox]:
+async def connect_toolbox(
+    server: Server[Any], call_timeout_s: float, transport: Transport = "direct"
+) -> AsyncIterator[McpToolBox]:
     """Connect an MCP client to ``server`` in-process and yield it as a ToolBox."""
-    async with Client(server, read_timeout_seconds=call_timeout_s, cache=None) as client:
+    # mode="legacy" makes the SDK serve an in-process Server through its InMemoryTransport
+    mode = "legacy" if transport == "memory" else "auto"
+    async with Client(server, read_timeout_seconds=call_timeout_s, cache=None, mode=mode) as client:
         yield McpToolBox(client, call_timeout_s)

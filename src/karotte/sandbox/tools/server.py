@@ -8,12 +8,12 @@ the transport.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
@@ -84,7 +84,8 @@ class ToolServer:
 
     def __init__(self, tools: Sequence[BoundTool]) -> None:
         self.tools = {tool.name: tool for tool in tools}
-        self._lock = anyio.Lock()
+        # asyncio's lock: its uncontended acquire does not yield (anyio's costs ~0.1 ms a call)
+        self._lock = asyncio.Lock()
         self._listing = [
             types.Tool(
                 name=tool.name,
@@ -99,6 +100,9 @@ class ToolServer:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
+        # The SDK's default OpenTelemetry middleware is a no-op without an exporter but still
+        # costs ~0.07 ms per call; we record our own events.
+        self.server.middleware = []
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
