@@ -336,3 +336,50 @@ def test_shell_killed_between_calls_is_restarted_before_the_command(tmp_path: Pa
         assert (await s.run("echo back", 5)).output == "back\n"
 
     with_session(tmp_path, body)
+
+
+def test_cancelled_call_leaves_a_clean_shell(tmp_path: Path) -> None:
+    async def body(s: BashSession) -> None:
+        task = asyncio.ensure_future(s.run("sleep 30; echo late", 60))
+        await asyncio.sleep(0.3)
+        task.cancel()  # e.g. the step's time limit fired mid-command
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        out = await s.run("echo fresh", 5)
+        assert out.output == "fresh\n" and out.note is not None and "interrupted" in out.note
+
+    with_session(tmp_path, body)
+
+
+def test_shell_dies_with_its_parent(tmp_path: Path) -> None:
+    script = (
+        "import asyncio, sys\n"
+        "from karotte.sandbox.confinement.demote import demoted_env\n"
+        "from karotte.sandbox.tools.bash import BashSession\n"
+        "async def main():\n"
+        f"    s = BashSession(None, demoted_env(None), {str(tmp_path)!r}, output_limit_chars=500)\n"
+        "    await s.start()\n"
+        "    print(s.pid, flush=True)\n"
+        "    await s.run('sleep 60', 100)\n"
+        "asyncio.run(main())\n"
+    )
+    import subprocess
+    import sys
+
+    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert harness.stdout is not None
+    bash_pid = int(harness.stdout.readline())
+    time.sleep(0.3)  # the shell is busy with `sleep 60`, not reading its (now closed) stdin
+    harness.kill()  # SIGKILL: no cleanup code runs
+    harness.wait()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{bash_pid}/stat") as handle:
+                if handle.read().split(") ")[1].startswith("Z"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
+    os.killpg(bash_pid, 9)
+    pytest.fail("the shell outlived the killed harness")

@@ -49,6 +49,7 @@ _SECRET_NAME = re.compile(
 _PR_SET_DUMPABLE = 4
 _PR_GET_DUMPABLE = 3
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 
 
 class DemotionError(RuntimeError):
@@ -203,6 +204,14 @@ def set_no_new_privs() -> None:
     """Forbid gaining privileges through setuid binaries (``sudo``, ``su``) from now on."""
     if _prctl(_PR_SET_NO_NEW_PRIVS, 1) != 0:
         raise DemotionError(f"prctl(PR_SET_NO_NEW_PRIVS) failed: errno {ctypes.get_errno()}")
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """Have the kernel send ``signum`` to this process when its parent thread exits.
+
+    Call it *after* :func:`demote_current_process`: a change of credentials clears it.
+    """
+    _prctl(_PR_SET_PDEATHSIG, signum)
 
 
 def is_dumpable() -> bool:
@@ -535,6 +544,7 @@ __all__ = [
     "run_as",
     "safe_system_path",
     "set_no_new_privs",
+    "set_parent_death_signal",
     "student_identity",
     "student_venv_bin",
     "write_file_as",

@@ -32,6 +32,7 @@ import os
 import secrets
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from karotte.sandbox.confinement.demote import Identity, preexec_for
+from karotte.sandbox.confinement.demote import Identity, preexec_for, set_parent_death_signal
 from karotte.sandbox.tools.killing import kill_session_tree
 from karotte.sandbox.tools.output import OutputBuffer
 
@@ -98,6 +99,7 @@ class BashSession:
         self._status_buffer = b""
         self.output = OutputBuffer(output_limit_chars)
         self._running = False  # a command is running
+        self._interrupted = False  # a call was cancelled mid-command
         self._draining = False  # the output pipe is registered with the event loop
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -163,6 +165,9 @@ class BashSession:
         if self.before_demote is not None:
             self.before_demote()
         preexec_for(self.identity)()
+        # after the demotion (changing credentials clears it): if the harness dies, so does
+        # the shell (the parent is the event-loop thread, which lives as long as the session)
+        set_parent_death_signal(signal.SIGKILL)
 
     async def close(self) -> None:
         """Kill the shell and everything it started; remove the session's files."""
@@ -245,7 +250,14 @@ class BashSession:
         """Run ``command`` in the shell; never raises for anything the command does."""
         started = time.monotonic()
         note = None
-        if self._proc is not None and self._exited():  # killed between calls (e.g. custody)
+        if self._interrupted:  # the previous call was cancelled while its command ran
+            self._interrupted = False
+            await self.restart()
+            note = (
+                "[The previous command was interrupted; the shell was restarted: cwd and env "
+                "were reset.]"
+            )
+        elif self._proc is not None and self._exited():  # killed between calls (e.g. custody)
             status_before = self._exit_status()
             await self.restart()
             note = (
@@ -254,7 +266,11 @@ class BashSession:
             )
         if self._proc is None:
             await self.start()
-        status = await self._execute(command, timeout_s)
+        try:
+            status = await self._execute(command, timeout_s)
+        except asyncio.CancelledError:
+            self._interrupted = True  # the command may still run: start afresh next time
+            raise
         outcome = BashOutcome(output="", exit_code=None, note=note)
         if isinstance(status, int):
             outcome.exit_code = status
