@@ -77,7 +77,7 @@ configure_podman() {
     if ! have_systemd; then
         for setting in 'cgroup_manager = "cgroupfs"' 'events_logger = "file"'; do
             key=${setting%% *}
-            if grep -Eq "^[[:space:]]*$key[[:space:]]*=" "$CONTAINERS_CONF"; then
+            if grep -Eq "^[[:space:]]*${key}[[:space:]]*=" "$CONTAINERS_CONF"; then
                 continue
             fi
             if grep -Eq '^[[:space:]]*\[engine\][[:space:]]*$' "$CONTAINERS_CONF"; then
