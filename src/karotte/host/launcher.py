@@ -726,9 +726,7 @@ def read_transcript(path: Path, run_id: str) -> Transcript | None:
     return transcript if transcript.run_id == run_id else None
 
 
-def write_infra_transcript(
-    slot: RunSlot, message: str, kind: ErrorKind = ErrorKind.INFRA
-) -> None:
+def write_infra_transcript(slot: RunSlot, message: str, kind: ErrorKind = ErrorKind.INFRA) -> None:
     """The host-side transcript of a run whose sandbox left none: every event that streamed
     back, then the error (``infra``, or ``timeout`` when the launcher's backstop stopped it)."""
     config = slot.config
