@@ -16,13 +16,16 @@
 #
 # Environment:
 #   KAROTTE_SKIP_APT=1        do not install packages (only configure and start)
+#   KAROTTE_SKIP_CGROUPS=1    do not touch cgroup mounts
+#   KAROTTE_SKIP_DOCKERD=1    only write configuration: do not start or reload dockerd
+#   KAROTTE_CONTAINERS_CONF / KAROTTE_DAEMON_JSON  other paths for the two files (tests)
 #   KAROTTE_DOCKERD_LOG=PATH  where a dockerd started by this script logs (default /var/log/karotte-dockerd.log)
 #   KAROTTE_DOCKERD_WAIT=S    seconds to wait for dockerd to answer (default 60)
 set -eu
 
 PACKAGES="docker.io podman crun runc catatonit uidmap runsc mmdebstrap e2fsprogs iptables ca-certificates python3"
-CONTAINERS_CONF=/etc/containers/containers.conf
-DAEMON_JSON=/etc/docker/daemon.json
+CONTAINERS_CONF=${KAROTTE_CONTAINERS_CONF:-/etc/containers/containers.conf}
+DAEMON_JSON=${KAROTTE_DAEMON_JSON:-/etc/docker/daemon.json}
 DOCKERD_LOG=${KAROTTE_DOCKERD_LOG:-/var/log/karotte-dockerd.log}
 DOCKERD_WAIT=${KAROTTE_DOCKERD_WAIT:-60}
 
@@ -221,8 +224,14 @@ if [ "${KAROTTE_SKIP_APT:-0}" != "1" ]; then
 fi
 command -v python3 >/dev/null || die "python3 is needed to merge /etc/docker/daemon.json (apt-get install python3)"
 configure_podman
-configure_cgroups
+if [ "${KAROTTE_SKIP_CGROUPS:-0}" != "1" ]; then
+    configure_cgroups
+fi
 docker_changed=$(configure_docker)
-[ "$docker_changed" = "changed" ] && say "docker: runsc runtime registered in $DAEMON_JSON"
-start_docker "$docker_changed"
+if [ "$docker_changed" = "changed" ]; then
+    say "docker: runsc runtime registered in $DAEMON_JSON"
+fi
+if [ "${KAROTTE_SKIP_DOCKERD:-0}" != "1" ]; then
+    start_docker "$docker_changed"
+fi
 say "done"
