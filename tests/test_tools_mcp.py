@@ -254,3 +254,17 @@ def test_both_in_process_transports_work(transport: str) -> None:
             await close_tools(tools)
 
     assert asyncio.run(main()) == (["bash"], f"via-{transport}\n")
+
+
+def test_exceptions_raised_in_the_body_come_out_unwrapped() -> None:
+    class Boom(Exception):
+        pass
+
+    async def main() -> None:
+        cfg = config()
+        async with open_toolbox(cfg, make_task(["bash"])(cfg)) as box:
+            await box.call("bash", {"command": "true"})
+            raise Boom("from the harness")
+
+    with pytest.raises(Boom, match="from the harness"):
+        asyncio.run(main())

@@ -38,10 +38,26 @@ async def open_toolbox(
     try:
         served = build_server(tools)
         timeout = config.tool_timeout_s + CLIENT_TIMEOUT_GRACE_S
-        async with connect_toolbox(served.server, timeout, transport) as toolbox:
-            yield toolbox
+        try:
+            async with connect_toolbox(served.server, timeout, transport) as toolbox:
+                yield toolbox
+        except BaseExceptionGroup as group:
+            # The SDK's task groups wrap whatever the caller raised inside the `async with`
+            # (e.g. the harness's own abort); hand it back unwrapped.
+            leaf = single_exception(group)
+            if leaf is None:
+                raise
+            raise leaf.with_traceback(leaf.__traceback__) from leaf.__cause__
     finally:
         await close_tools(tools)
+
+
+def single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The only exception in (nested, single-member) exception groups, else None."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return None if isinstance(exc, BaseExceptionGroup) else exc
 
 
 __all__ = ["ToolBox", "ToolResult", "open_toolbox"]
