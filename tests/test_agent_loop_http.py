@@ -264,11 +264,6 @@ def test_a_whole_run_through_the_harness(
     assert len(stub.requests) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug outside the model client: the MCP toolbox's task group wraps the "
-    "harness's RunAborted in an ExceptionGroup, so the run ends as 'infra' (reported to the lead)",
-)
 def test_a_model_api_that_keeps_failing_ends_the_run_as_a_model_error(
     provider: str, tmp_path: Path, use_environment: Any
 ) -> None:
