@@ -34,6 +34,7 @@ from karotte.host.wheelhouse import (
     DEPS_DIR,
     ENV_WHEEL_DIR,
     WHEELHOUSE_DIR,
+    WheelhouseError,
     WheelTarget,
     prepare_wheelhouse,
 )
@@ -235,6 +236,18 @@ def test_wheelhouse_is_reused_until_a_source_changes(small_env: Path) -> None:
     finally:
         source.unlink()
     assert prepare_wheelhouse(small_env).key == first.key
+
+
+@pytest.mark.slow
+def test_wheelhouse_refuses_a_stale_lock(small_env: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "stale"
+    shutil.copytree(small_env, env_dir)
+    pyproject = env_dir / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('"pydantic>=2.10"', '"pydantic>=2.10", "rich"')
+    )
+    with pytest.raises(WheelhouseError, match="run `uv lock` there"):
+        prepare_wheelhouse(env_dir)
 
 
 @pytest.mark.slow

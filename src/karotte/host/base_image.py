@@ -172,7 +172,7 @@ def cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock so that parallel builds make the base image once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
@@ -207,7 +207,7 @@ def ensure_base_image(
         )
     started = time.monotonic()
     progress = on_progress or (lambda _line: None)
-    with _locked(cache_dir() / "base" / f"{suite}.lock"):
+    with file_lock(cache_dir() / "base" / f"{suite}.lock"):
         if not force and base_image_current(runtime, recipe):
             return BaseImageResult(
                 tag=recipe.tag,

@@ -38,7 +38,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from karotte.errors import KarotteError
-from karotte.host.base_image import SOURCE_DATE_EPOCH, cache_dir
+from karotte.host.base_image import SOURCE_DATE_EPOCH, cache_dir, file_lock
 
 WHEELHOUSE_DIR = ".karotte/build/wheels"  # everything (the contract's wheelhouse)
 DEPS_DIR = ".karotte/build/deps"  # the same minus the environment's own wheel
@@ -146,6 +146,18 @@ def prepare_wheelhouse(
             f"{env_dir} has no uv.lock; run `uv lock` in the environment first (the image "
             "installs exactly what the lock pins)"
         )
+    (env_dir / WHEELHOUSE_DIR).parent.mkdir(parents=True, exist_ok=True)
+    with file_lock((env_dir / WHEELHOUSE_DIR).parent / ".lock"):
+        return _prepare_locked(env_dir, target, force, progress, started)
+
+
+def _prepare_locked(
+    env_dir: Path,
+    target: WheelTarget,
+    force: bool,
+    progress: ProgressCallback,
+    started: float,
+) -> WheelhouseResult:
     key = wheelhouse_key(env_dir, target)
     directory = env_dir / WHEELHOUSE_DIR
     record_path = env_dir / WHEELHOUSE_RECORD
@@ -258,7 +270,7 @@ def _exported_requirements(
         [
             _uv(),
             "export",
-            "--frozen",
+            "--locked",  # a lock that no longer matches pyproject.toml is an error, not ignored
             "--no-dev",
             "--no-emit-project",
             "--no-hashes",
@@ -275,7 +287,8 @@ def _exported_requirements(
     )
     if proc.returncode != 0:
         raise WheelhouseError(
-            f"`uv export` failed in {env_dir} (is uv.lock up to date? run `uv lock`):\n"
+            f"`uv export --locked` failed in {env_dir}; if uv.lock is out of date with "
+            "pyproject.toml, run `uv lock` there:\n"
             f"{proc.stderr.strip()[-2000:]}"
         )
     environment = _marker_environment(target)
