@@ -383,3 +383,28 @@ def test_shell_dies_with_its_parent(tmp_path: Path) -> None:
         time.sleep(0.02)
     os.killpg(bash_pid, 9)
     pytest.fail("the shell outlived the killed harness")
+
+
+def test_works_without_pidfd_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gVisor has no pidfd_open: bash's death is then found by polling."""
+    import errno
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+
+    async def body(s: BashSession) -> None:
+        assert s._pidfd == -1
+        assert (await s.run("cd / && echo hi", 5)).output == "hi\n"
+        started = time.monotonic()
+        out = await s.run("exit 4", 5)
+        assert out.restarted and out.shell_exited == 4 and time.monotonic() - started < 2
+        assert (await s.run("sleep 10", 0.3)).timed_out
+        assert s.pid is not None
+        os.kill(s.pid, 9)
+        await asyncio.sleep(0.1)
+        out = await s.run("echo after", 5)
+        assert out.output == "after\n" and out.note is not None
+
+    with_session(tmp_path, body)

@@ -49,6 +49,7 @@ SESSION_MARKER = "KAROTTE_SHELL_ID"
 RESTART_NOTE = "The shell was restarted; cwd and env were reset and its processes were killed."
 _MAX_STATUS_LINE = 4096
 _READ_CHUNK = 1 << 16
+_EXIT_POLL_S = 0.05  # how often to check whether bash died, where pidfd_open is missing
 _DRAIN_PER_WAKEUP = 1 << 20  # bytes read per event-loop wakeup: a flood cannot starve the loop
 IDLE_DRAIN_CAP = 16 << 20  # between calls, stop draining after this much (writers then block)
 
@@ -152,7 +153,10 @@ class BashSession:
                 os.close(fd)
         self._proc = proc
         self._stdin_w, self._status_r, self._out_r = stdin_w, status_r, out_r
-        self._pidfd = os.pidfd_open(proc.pid)
+        try:
+            self._pidfd = os.pidfd_open(proc.pid)  # wakes us when bash dies
+        except OSError:  # gVisor has no pidfd_open: poll instead (see _wait_status)
+            self._pidfd = -1
         os.set_blocking(status_r, False)
         os.set_blocking(out_r, False)
         self._status_buffer = b""
@@ -191,8 +195,9 @@ class BashSession:
                 break
             await asyncio.sleep(0.005)
         for fd in (self._stdin_w, self._status_r, self._out_r, self._pidfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self._stdin_w = self._status_r = self._out_r = self._pidfd = -1
 
     async def restart(self) -> None:
@@ -321,12 +326,16 @@ class BashSession:
     def _exited(self) -> bool:
         """Whether bash has exited. Does not reap it: a zombie keeps its pid (and process
         group id) from being reused before the session is killed."""
-        return bool(select.select([self._pidfd], [], [], 0)[0])
+        if self._pidfd >= 0:
+            return bool(select.select([self._pidfd], [], [], 0)[0])
+        return self._exit_status() is not None
 
     def _exit_status(self) -> int | None:
-        """bash's exit status (or -signal), without reaping it."""
+        """bash's exit status (or -signal), without reaping it (None while it runs)."""
+        if self._proc is None:
+            return None
         try:
-            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
         except OSError:
             return None
         if info is None:
@@ -354,14 +363,18 @@ class BashSession:
                     fut.set_result(None)
 
             loop.add_reader(self._status_r, _wake)
-            loop.add_reader(self._pidfd, _wake)
+            if self._pidfd >= 0:
+                loop.add_reader(self._pidfd, _wake)
+            else:
+                remaining = min(remaining, _EXIT_POLL_S)  # no pidfd: look again soon
             try:
                 await asyncio.wait_for(ready, remaining)
             except TimeoutError:
                 pass
             finally:
                 loop.remove_reader(self._status_r)
-                loop.remove_reader(self._pidfd)
+                if self._pidfd >= 0:
+                    loop.remove_reader(self._pidfd)
 
     def _scan_status(self, prefix: bytes) -> int | None:
         """Read the status pipe; the status in this command's line, if it has arrived.
