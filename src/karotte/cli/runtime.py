@@ -41,6 +41,13 @@ def _progress_display(
 
         yield progress, output
         return
+    if not err_console.is_terminal:  # logs (CI): one plain line per phase and step, no spinner
+
+        def progress_plain(line: str) -> None:
+            err_console.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {escape(line)}")
+
+        yield progress_plain, lambda _line: None
+        return
     with err_console.status("starting", spinner="dots") as status:
 
         def progress_quiet(line: str) -> None:

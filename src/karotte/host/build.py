@@ -310,7 +310,9 @@ def build_environment(
     def follow(line: str) -> None:
         step = log.feed(line)
         if step is not None:
-            progress(f"step {step.number}/{step.total}: {step.instruction}")
+            short = " ".join(step.instruction.split())
+            short = short if len(short) <= 90 else short[:89] + "…"
+            progress(f"step {step.number}/{step.total}: {short}")
         if on_output is not None:
             on_output(line)
 
