@@ -128,7 +128,9 @@ class BashSession:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         if self.identity is not None and os.geteuid() == 0:
             # The student may reopen its own output (`echo err > /dev/stderr`), as in a terminal.
-            os.fchown(out_w, self.identity.uid, self.identity.gid)
+            # Best effort: gVisor refuses to chown a pipe (then only that reopening fails).
+            with contextlib.suppress(OSError):
+                os.fchown(out_w, self.identity.uid, self.identity.gid)
         home = self.identity.home if self.identity else "/"
         cwd = self.cwd if os.path.isdir(self.cwd) else home
         try:
