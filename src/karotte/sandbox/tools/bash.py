@@ -124,7 +124,10 @@ class BashSession:
 
     def _launch(self) -> None:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        status_r, low_status_w = os.pipe2(os.O_CLOEXEC)
+        # bash gets it at this same number, then moves it to 3: keep it clear of 0-3
+        status_w = fcntl.fcntl(low_status_w, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(low_status_w)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         if self.identity is not None and os.geteuid() == 0:
             # The student may reopen its own output (`echo err > /dev/stderr`), as in a terminal.
