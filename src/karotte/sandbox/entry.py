@@ -7,6 +7,7 @@ Used by ``karotte run --runtime local`` on the host (no isolation) and by
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Literal
 
@@ -14,7 +15,7 @@ from karotte.config import EvaluationRunConfig
 from karotte.console import EventPrinter
 from karotte.discovery import fake_model_script, find_task
 from karotte.errors import ErrorKind, KarotteError
-from karotte.events import ErrorOccurred, TaskCompleted
+from karotte.events import ErrorOccurred, LimitsApplied, TaskCompleted
 from karotte.sandbox.harness import run_task
 from karotte.sandbox.model_client import FakeModelClient, ModelClient
 from karotte.sandbox.transcript import EventRecorder, EventSink, jsonl_sink
@@ -50,6 +51,7 @@ async def _run(
     config: EvaluationRunConfig, recorder: EventRecorder, sandbox: str | None
 ) -> TaskCompleted:
     from karotte.sandbox.confinement.custody import collect_submission_async
+    from karotte.sandbox.confinement.setup import Confinement, setup_confinement
     from karotte.sandbox.tools import open_toolbox
 
     try:
@@ -70,9 +72,29 @@ async def _run(
         )
         recorder.emit(event)
         return event
-    return await run_task(
-        config, task_cls, recorder, model, open_toolbox, collect_submission_async, sandbox=sandbox
-    )
+    confinement: Confinement | None = None
+
+    async def confine_student() -> None:
+        # Limits, disk quota, firewall and the network canary, before any student code runs.
+        # The in-process tool server listens on no port, so there are no harness ports to close.
+        nonlocal confinement
+        confinement = await asyncio.to_thread(setup_confinement, config, [])
+        recorder.emit(LimitsApplied(limits=confinement.payload()))
+
+    try:
+        return await run_task(
+            config,
+            task_cls,
+            recorder,
+            model,
+            open_toolbox,
+            collect_submission_async,
+            sandbox=sandbox or os.environ.get("KAROTTE_SANDBOX"),
+            before_steps=confine_student,
+        )
+    finally:
+        if confinement is not None:
+            await asyncio.to_thread(confinement.teardown)
 
 
 __all__ = ["ErrorKind", "run_harness"]
