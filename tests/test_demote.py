@@ -316,3 +316,34 @@ def test_unknown_student_user_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="does not exist"):
         asyncio.run(main())
+
+
+# ---- the zygote (cheap forks for importable functions) ---------------------------------------
+
+
+def test_call_as_forks_from_the_zygote_and_demotes(student: Identity) -> None:
+    from karotte.sandbox.confinement import demote
+
+    assert demote.call_as(None, os.getppid, timeout_s=30) != os.getpid()  # forked by the zygote
+    assert demote.call_as(student, os.getresuid, timeout_s=30) == (student.uid,) * 3
+    assert demote.call_as(student, is_dumpable, timeout_s=30) is False
+    # a closure cannot be sent by name: it is forked from this process instead
+    assert demote.call_as(None, lambda: os.getppid(), timeout_s=30) == os.getpid()
+    with pytest.raises(FileAccessError, match="no such file"):
+        demote.call_as(student, demote.read_regular_file, "/nonexistent/x", 10, timeout_s=30)
+
+
+def test_zygote_timeouts_and_restarts(student: Identity) -> None:
+    from karotte.sandbox.confinement import demote
+
+    started = time.monotonic()
+    with pytest.raises(DemotedCallTimeout):
+        demote.call_as(student, time.sleep, 30, timeout_s=0.3)
+    assert time.monotonic() - started < 3
+    assert demote.call_as(student, os.getuid, timeout_s=30) == student.uid  # still serving
+    zygote = demote._zygote._proc
+    assert zygote is not None
+    zygote.kill()  # died between calls (e.g. the OOM killer): the next call starts a new one
+    zygote.wait()
+    assert demote.call_as(student, os.getuid, timeout_s=30) == student.uid
+    assert demote._zygote._proc is not zygote

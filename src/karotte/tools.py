@@ -17,6 +17,7 @@ anything the student controls only through ``ctx.read_file`` / ``ctx.write_file`
 from __future__ import annotations
 
 from karotte.sandbox.confinement.demote import (
+    call_as,
     DemotedCallCrashed,
     DemotedCallTimeout,
     DemotionError,
@@ -41,6 +42,7 @@ from karotte.sandbox.tools.base import ToolResult
 from karotte.sandbox.tools.custom import FunctionTool, NoOptions, ToolContext, ToolError, tool
 
 __all__ = [
+    "call_as",
     "DemotedCallCrashed",
     "DemotedCallTimeout",
     "DemotionError",

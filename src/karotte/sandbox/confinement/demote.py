@@ -29,6 +29,8 @@ import re
 import select
 import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -387,6 +389,137 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
 
+# ---- the zygote: cheap forks for importable functions ------------------------------------
+
+
+class _Zygote:
+    """Client of :mod:`karotte.sandbox.confinement.zygote` (one request at a time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the zygote if it is not running (returns at once; it boots meanwhile)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "karotte.sandbox.confinement.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+
+    def call(self, request: bytes, deadline_s: float, max_answer: int) -> tuple[str, Any]:
+        with self._lock:
+            for attempt in range(2):
+                self.start()
+                proc = self._proc
+                assert proc is not None and proc.stdin is not None and proc.stdout is not None
+                try:
+                    proc.stdin.write(len(request).to_bytes(8, "big") + request)
+                    proc.stdin.flush()
+                except (BrokenPipeError, OSError):
+                    self.stop()  # died since the last call: one fresh try
+                    continue
+                answer = self._read_answer(proc.stdout.fileno(), deadline_s, max_answer)
+                if answer is None:
+                    self.stop()
+                    if attempt == 0 and time.monotonic() < deadline_s:
+                        continue
+                    raise DemotedCallCrashed("the zygote died or sent a bad answer")
+                if answer == b"timeout":
+                    self.stop()
+                    raise DemotedCallTimeout("the zygote did not answer in time (restarted)")
+                status, value = pickle.loads(answer)  # noqa: S301 - our own root process
+                return str(status), value
+            raise DemotedCallCrashed("the zygote could not be started")
+
+    @staticmethod
+    def _read_answer(fd: int, deadline_s: float, max_answer: int) -> bytes | None:
+        buffer = b""
+        need: int | None = None
+        while need is None or len(buffer) < need + 8:
+            remaining = deadline_s - time.monotonic()
+            if remaining <= 0:
+                return b"timeout"
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            buffer += chunk
+            if need is None and len(buffer) >= 8:
+                need = int.from_bytes(buffer[:8], "big")
+                if need > max_answer:
+                    return None
+        return buffer[8 : 8 + need]
+
+
+_zygote = _Zygote()
+
+
+def start_zygote() -> None:
+    """Boot the zygote ahead of the first :func:`call_as` (optional; it starts on demand)."""
+    _zygote.start()
+
+
+def stop_zygote() -> None:
+    _zygote.stop()
+
+
+def _importable(fn: Callable[..., Any]) -> tuple[str, str] | None:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        return None
+    return module, qualname
+
+
+def call_as(
+    identity: Identity | None,
+    fn: Callable[..., T],
+    *args: Any,
+    timeout_s: float = 30.0,
+    max_result_bytes: int = MAX_RESULT_BYTES,
+    **kwargs: Any,
+) -> T:
+    """:func:`run_as`, forked from the small zygote process when ``fn`` is importable by name.
+
+    Same semantics and errors as :func:`run_as` (which it falls back to for closures and
+    lambdas), but a fork costs a few ms instead of tens of ms in a big harness. ``args``,
+    ``kwargs`` and the result must be picklable.
+    """
+    where = _importable(fn)
+    if where is None or os.environ.get("KAROTTE_NO_ZYGOTE"):
+        return run_as(
+            identity, fn, *args, timeout_s=timeout_s, max_result_bytes=max_result_bytes, **kwargs
+        )
+    request = pickle.dumps(
+        (identity, where[0], where[1], args, kwargs, timeout_s, max_result_bytes),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    # grace: booting a fresh zygote (~0.5 s) plus the fork and the answer
+    deadline = time.monotonic() + timeout_s + 10.0
+    status, value = _zygote.call(request, deadline, max_result_bytes + (1 << 20))
+    if status == "err":
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
 # ---- opening files safely (call these inside run_as) -----------------------------------------
 
 _KIND = {
@@ -507,7 +640,7 @@ def read_file_as(
     identity: Identity | None, path: str, *, max_bytes: int, timeout_s: float = 10.0
 ) -> bytes:
     """Read a regular file as ``identity``: a symlink, FIFO, device or oversized file is refused."""
-    return run_as(identity, read_regular_file, path, max_bytes, timeout_s=timeout_s)
+    return call_as(identity, read_regular_file, path, max_bytes, timeout_s=timeout_s)
 
 
 def write_file_as(
@@ -520,7 +653,7 @@ def write_file_as(
     timeout_s: float = 10.0,
 ) -> int:
     """Write a regular file as ``identity`` (never through a symlink); returns bytes written."""
-    return run_as(
+    return call_as(
         identity, write_regular_file, path, data, create=create, mode=mode, timeout_s=timeout_s
     )
 
@@ -532,6 +665,7 @@ __all__ = [
     "FileAccessError",
     "FileTooLargeError",
     "Identity",
+    "call_as",
     "current_identity",
     "demote_current_process",
     "demoted_env",
@@ -545,6 +679,8 @@ __all__ = [
     "safe_system_path",
     "set_no_new_privs",
     "set_parent_death_signal",
+    "start_zygote",
+    "stop_zygote",
     "student_identity",
     "student_venv_bin",
     "write_file_as",

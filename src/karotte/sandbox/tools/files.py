@@ -8,6 +8,7 @@ regular files are opened (no symlink, FIFO, device), with a size cap and a timeo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 from typing import Annotated
 
@@ -17,9 +18,10 @@ from karotte.sandbox.confinement.demote import (
     DemotedCallCrashed,
     DemotedCallTimeout,
     FileAccessError,
+    call_as,
     read_file_as,
     read_regular_file,
-    run_as,
+    start_zygote,
     write_regular_file,
 )
 from karotte.sandbox.tools.base import ToolResult
@@ -61,6 +63,12 @@ class ViewLinesArgs(ToolArguments):
     ] = None
 
 
+def _prewarm() -> None:
+    """Boot the zygote now, so the first file-tool call does not wait for it."""
+    with contextlib.suppress(OSError):
+        start_zygote()
+
+
 class ViewLinesTool:
     name = "view_lines_in_file"
     description = (
@@ -77,6 +85,7 @@ class ViewLinesTool:
             if isinstance(options, FileToolOptions)
             else DEFAULT_MAX_FILE_BYTES
         )
+        _prewarm()
 
     async def call(self, args: BaseModel) -> ToolResult:
         assert isinstance(args, ViewLinesArgs)
@@ -156,7 +165,7 @@ def _line_numbers(text: str, needle: str, limit: int = 10) -> list[int]:
 def replace_once(path: str, old: str, new: str, max_bytes: int) -> str:
     """Replace the single occurrence of ``old`` in ``path``; return a unified diff.
 
-    Runs inside :func:`run_as` (as the student). Raises :class:`ReplaceError` or
+    Runs inside :func:`call_as` (as the student). Raises :class:`ReplaceError` or
     :class:`FileAccessError` with a message for the model.
     """
     data = read_regular_file(path, max_bytes)
@@ -203,6 +212,7 @@ class ReplaceTool:
             if isinstance(options, FileToolOptions)
             else DEFAULT_MAX_FILE_BYTES
         )
+        _prewarm()
 
     async def call(self, args: BaseModel) -> ToolResult:
         assert isinstance(args, ReplaceArgs)
@@ -213,7 +223,7 @@ class ReplaceTool:
         path = self.ctx.resolve_path(args.path)
         try:
             diff = await asyncio.to_thread(
-                run_as,
+                call_as,
                 self.ctx.identity,
                 replace_once,
                 path,
