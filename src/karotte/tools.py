@@ -17,13 +17,13 @@ anything the student controls only through ``ctx.read_file`` / ``ctx.write_file`
 from __future__ import annotations
 
 from karotte.sandbox.confinement.demote import (
-    call_as,
     DemotedCallCrashed,
     DemotedCallTimeout,
     DemotionError,
     FileAccessError,
     FileTooLargeError,
     Identity,
+    call_as,
     current_identity,
     demote_current_process,
     demoted_env,
@@ -42,7 +42,6 @@ from karotte.sandbox.tools.base import ToolResult
 from karotte.sandbox.tools.custom import FunctionTool, NoOptions, ToolContext, ToolError, tool
 
 __all__ = [
-    "call_as",
     "DemotedCallCrashed",
     "DemotedCallTimeout",
     "DemotionError",
@@ -54,6 +53,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolResult",
+    "call_as",
     "current_identity",
     "demote_current_process",
     "demoted_env",
