@@ -443,10 +443,16 @@ class Launcher:
         return [Mount(source=source, target=target, read_only=True)]
 
     def write_configs(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        # the student must not read run configs (keys) or other runs' transcripts through /out
-        with contextlib.suppress(OSError):
+        # the student must not read run configs (keys) or other runs' transcripts through /out:
+        # a dir we make is 0700; an existing one open to others gets a warning, not a chmod
+        if not self.out_dir.exists():
+            self.out_dir.mkdir(parents=True)
             self.out_dir.chmod(0o700)
+        elif self.out_dir.stat().st_mode & 0o007:
+            self.display.message(
+                f"[warning] {self.out_dir} is readable by other users, so the student (uid "
+                f"1000) can read other runs' transcripts through /out: `chmod 700 {self.out_dir}`"
+            )
         for slot in self.slots:
             write_text_atomic(
                 slot.host_run_config, slot.config.model_dump_json(indent=2) + "\n", mode=0o600
