@@ -347,3 +347,18 @@ def test_zygote_timeouts_and_restarts(student: Identity) -> None:
     zygote.wait()
     assert demote.call_as(student, os.getuid, timeout_s=30) == student.uid
     assert demote._zygote._proc is not zygote
+
+
+def test_bash_runs_under_the_runs_student_limits(student: Identity, workdir: Path) -> None:
+    from karotte.sandbox.confinement.limits import LimitsOptions, apply_limits, set_active_limits
+
+    applied = apply_limits(student, LimitsOptions(file_size_bytes=5 * 1024 * 1024, pids=256))
+    set_active_limits(applied)
+    try:
+        (out,) = run_tools(
+            student, workdir, [("bash", {"command": "ulimit -f; cat /proc/self/oom_score_adj"})]
+        )
+    finally:
+        set_active_limits(None)
+        applied.close()
+    assert out.output.split() == ["5120", "1000"], out.output
