@@ -193,7 +193,7 @@ def test_max_turns_fires_and_step_is_still_scored() -> None:
 
 
 def test_empty_turns_are_nudged_then_stop() -> None:
-    done, recorder, _ = run(task_with([AlwaysPassJudge()]), [assistant("")] * 5, max_empty_turns=2)
+    _done, recorder, _ = run(task_with([AlwaysPassJudge()]), [assistant("")] * 5, max_empty_turns=2)
     nudges = [e for e in recorder.events if e.type == "message_added" and e.message.role == "user"]  # type: ignore[union-attr]
     assert len(nudges) == 2
     step_done = next(e for e in recorder.events if e.type == "step_completed")
@@ -220,7 +220,7 @@ def test_continue_task_false_stops_after_the_step() -> None:
 
 
 def test_extra_config_overrides_prompt_and_instructions() -> None:
-    done, recorder, _ = run(
+    _done, recorder, _ = run(
         task_with([AlwaysPassJudge(), AlwaysPassJudge()]),
         [assistant("a"), assistant("b")],
         extra_config={
@@ -239,7 +239,7 @@ def test_extra_config_overrides_prompt_and_instructions() -> None:
 def test_a_property_declared_as_method_is_refused_at_class_definition() -> None:
     with pytest.raises(TaskDefinitionError, match=r"system_prompt must be a @property"):
 
-        class Bad(Task):  # noqa: F841
+        class Bad(Task):
             id = "bad"
 
             def system_prompt(self) -> str:  # type: ignore[override]
@@ -247,13 +247,13 @@ def test_a_property_declared_as_method_is_refused_at_class_definition() -> None:
 
     with pytest.raises(TypeError, match=r"judge must be a @property"):
 
-        class BadStep(Step):  # noqa: F841
+        class BadStep(Step):
             def judge(self) -> Judge:  # type: ignore[override]
                 return AlwaysPassJudge()
 
 
 def test_hook_results_are_recorded() -> None:
-    done, recorder, _ = run(
+    _done, recorder, _ = run(
         task_with([AlwaysPassJudge()], pre_hook=lambda self: {"seed": 7}), [assistant("a")]
     )
     hooks = [e for e in recorder.events if e.type == "hook_completed"]

@@ -188,7 +188,8 @@ def test_executable_judge_verdict_can_report_misbehaviour(tmp_path: Path) -> Non
         tmp_path,
         """
         import json, os
-        json.dump({"misbehavior": "answer is a symlink"}, open(os.environ["KAROTTE_SCORE_FILE"], "w"))
+        verdict = {"misbehavior": "answer is a symlink"}
+        json.dump(verdict, open(os.environ["KAROTTE_SCORE_FILE"], "w"))
     """,
     )
     with pytest.raises(StudentMisbehaviorError, match="symlink"):
