@@ -59,11 +59,11 @@ class PlainDisplay:
     def log(self, slot: RunSlot, line: str) -> None:
         prefix = f"{escape(slot.label)} " if self.prefix_runs else ""
         with self._lock:
-            self.console.print(f"[dim]{prefix}{escape(line)}[/]")
+            self.console.print(f"[dim]{prefix}{escape(line)}[/]", soft_wrap=True)
 
     def message(self, text: str) -> None:
         with self._lock:
-            self.console.print(escape(text))
+            self.console.print(escape(text), soft_wrap=True)
 
     def update(self, slot: RunSlot) -> None:
         pass
