@@ -192,7 +192,10 @@ def test_default_template_renders_per_contract() -> None:
     assert 'LABEL dev.karotte.environment="demo"' in containerfile
     run_lines = [line for line in containerfile.splitlines() if line.startswith("RUN ")]
     assert run_lines[-1] == "RUN /root/.venv/bin/karotte check --image"
-    assert "--no-index --find-links" in containerfile
+    # karotte and its dependencies come only from the wheelhouse, dependencies in their own layer
+    assert "COPY .karotte/build/deps/" in containerfile
+    assert containerfile.index(".karotte/build/deps/") < containerfile.index(".karotte/build/env/")
+    assert containerfile.count("pip install --no-cache-dir --no-index --no-deps") == 2
     pyproject = files["pyproject.toml"].content.decode()
     assert 'karotte = { path = ".karotte/karotte-0.1.0-py3-none-any.whl" }' in pyproject
     assert 'exclude-newer = "7 days"' in pyproject and "karotte = false" in pyproject
