@@ -104,6 +104,13 @@ def run(
     events: str = typer.Option("rich", "--events", help="Event output: rich, jsonl or none."),
 ) -> None:
     """Run a task: build the image, start a sandbox, drive the model, score, write a transcript."""
+    if no_containerized:
+        # Inside the sandbox, before anything else: drop student-writable directories from
+        # PATH/LD_*/PYTHON* and re-exec once, so no planted python3, sitecustomize.py or
+        # library can run as root in the harness, its hooks or its judges.
+        from karotte.sandbox.confinement.sanitize import sanitize_and_reexec
+
+        sanitize_and_reexec()
     if events not in ("rich", "jsonl", "none"):
         raise fail("--events takes rich, jsonl or none")
     with friendly_errors():

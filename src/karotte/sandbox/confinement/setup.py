@@ -30,6 +30,8 @@ from karotte.sandbox.confinement.limits import (
 from karotte.sandbox.confinement.namespaces import namespace_support
 
 GIB = 1 << 30
+QUOTA_IMAGE_DIR = Path("/var/lib/karotte/disk")  # root-only, on the sandbox's root filesystem
+HARNESS_PIDS_RESERVE = 256  # processes kept for the harness below the sandbox's own pids limit
 
 
 class ConfinementOptions(BaseModel):
@@ -51,6 +53,19 @@ class ConfinementOptions(BaseModel):
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def student_pids_limit(sandbox_pids: int, sandbox: str | None) -> int:
+    """The student's process limit inside a sandbox limited to ``sandbox_pids`` tasks.
+
+    The student must run out of processes before the sandbox does, or a fork bomb takes the
+    harness (and under gVisor the whole sandbox) down with it: keep a reserve for the harness.
+    Under gVisor each student task also costs the sandbox's own host tasks, so the student gets
+    half of what is left.
+    """
+    reserve = max(HARNESS_PIDS_RESERVE, sandbox_pids // 4)
+    available = max(sandbox_pids - reserve, 8)
+    return max(available // 2, 8) if sandbox == "gvisor" else available
 
 
 class Confinement:
@@ -99,9 +114,10 @@ def setup_confinement(
     confinement = Confinement(identity)
     try:
         limits_options = options.limits
-        if limits_options.pids == LimitsOptions().pids and _env_int("KAROTTE_PIDS_LIMIT"):
+        sandbox_pids = _env_int("KAROTTE_PIDS_LIMIT")
+        if limits_options.pids == LimitsOptions().pids and sandbox_pids:
             limits_options = limits_options.model_copy(
-                update={"pids": _env_int("KAROTTE_PIDS_LIMIT")}
+                update={"pids": student_pids_limit(sandbox_pids, os.environ.get("KAROTTE_SANDBOX"))}
             )
         confinement.limits = apply_limits(identity, limits_options)
         set_active_limits(confinement.limits)
@@ -159,7 +175,17 @@ def _setup_disk(
     results: list[dict[str, Any]] = []
     for path, uid, gid, budget in wanted:
         quota = LoopQuota(
-            Path(path), size_bytes=budget, inodes=options.disk_inodes, uid=uid, gid=gid
+            Path(path),
+            size_bytes=budget,
+            inodes=options.disk_inodes,
+            uid=uid,
+            gid=gid,
+            # In a sandbox the backing file goes on the disk-backed root filesystem: the
+            # launcher's /tmp is a small tmpfs, and a quota image there would fill it (and
+            # every root-side temp file with it) before the student hit the quota.
+            image_dir=QUOTA_IMAGE_DIR / (path.strip("/").replace("/", "_") or "root")
+            if in_sandbox
+            else None,
         )
         try:
             results.append(quota.create().model_dump())
