@@ -69,13 +69,8 @@ def _prewarm() -> None:
         start_zygote()
 
 
-class ViewLinesTool:
-    name = "view_lines_in_file"
-    description = (
-        "Show lines of a text file with their line numbers. Long output is cut; the note says "
-        "which start_line to use to continue."
-    )
-    args_model = ViewLinesArgs
+class _TextFileTool:
+    """Shared set-up of the text-file tools: the size cap and a warm zygote."""
 
     def __init__(self, ctx: ToolContext) -> None:
         self.ctx = ctx
@@ -86,6 +81,15 @@ class ViewLinesTool:
             else DEFAULT_MAX_FILE_BYTES
         )
         _prewarm()
+
+
+class ViewLinesTool(_TextFileTool):
+    name = "view_lines_in_file"
+    description = (
+        "Show lines of a text file with their line numbers. Long output is cut; the note says "
+        "which start_line to use to continue."
+    )
+    args_model = ViewLinesArgs
 
     async def call(self, args: BaseModel) -> ToolResult:
         assert isinstance(args, ViewLinesArgs)
@@ -196,23 +200,13 @@ def replace_once(path: str, old: str, new: str, max_bytes: int) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in diff)
 
 
-class ReplaceTool:
+class ReplaceTool(_TextFileTool):
     name = "replace_in_file"
     description = (
         "Replace one exact occurrence of `old` with `new` in a text file and show the diff. "
         "Fails without changing the file when `old` occurs zero or several times."
     )
     args_model = ReplaceArgs
-
-    def __init__(self, ctx: ToolContext) -> None:
-        self.ctx = ctx
-        options = ctx.options
-        self.max_bytes = (
-            options.max_file_bytes
-            if isinstance(options, FileToolOptions)
-            else DEFAULT_MAX_FILE_BYTES
-        )
-        _prewarm()
 
     async def call(self, args: BaseModel) -> ToolResult:
         assert isinstance(args, ReplaceArgs)
