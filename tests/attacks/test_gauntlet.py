@@ -64,19 +64,10 @@ PATH_PATCH = (
 )
 
 # ---- findings (see docs/attacks.md); strict xfails flip to failures once fixed --------------
-PLANTED_PYTHON_FINDING = (
-    "sanitize_and_reexec() is never called by the harness: a judge script that runs `python3` "
-    "from PATH runs the student's fake python3 as root (false reward 1.0, root code execution)"
-)
 GVISOR_FORK_BOMB_FINDING = (
-    "under gVisor (ptrace platform) every student process costs host tasks in the sandbox's "
-    "pids cgroup; RLIMIT_NPROC equals the container's --pids-limit, so a fork bomb exhausts the "
-    "host pids cgroup, runsc dies and the run is lost (launcher's infra transcript)"
-)
-DISK_FINDING = (
-    "the loop-quota image lives in the sandbox's /tmp tmpfs, which is smaller than the quota: "
-    "filling the quota fills /tmp, and the judge's score file there fails with ENOSPC "
-    "(judge error, the run is lost instead of scoring 0)"
+    "under gVisor (runsc ptrace platform) each student process costs ~8.4 host tasks in the "
+    "sandbox's pids cgroup; the student's RLIMIT_NPROC (384 of the container's 1024) is far above "
+    "1024/8.4, so a fork bomb exhausts the host pids cgroup, runsc dies and the run is lost"
 )
 
 
@@ -259,10 +250,7 @@ def _finding(
 
 
 def _run_ending_finding(request: pytest.FixtureRequest, run: GauntletRun) -> None:
-    if _gvisor(run):
-        _finding(request, run, {"docker:gvisor"}, GVISOR_FORK_BOMB_FINDING)
-    else:
-        _finding(request, run, {"docker"}, DISK_FINDING)
+    _finding(request, run, {"docker:gvisor"}, GVISOR_FORK_BOMB_FINDING)
 
 
 # ---- the run as a whole ----------------------------------------------------------------------
@@ -272,7 +260,8 @@ def test_limits_applied_names_the_mechanisms(gauntlet: GauntletRun) -> None:
     # the task's required_hardware reached the sandbox: 2 GiB sandbox, 1 GiB kept for the harness
     assert limits["sandbox_memory_bytes"] == 2 << 30
     assert limits["memory"]["value"] == 1 << 30
-    assert limits["pids"]["value"] == 1024
+    # the student's process limit keeps a reserve below the sandbox's 1024 for the harness
+    assert 0 < limits["pids"]["value"] < 1024
     assert limits["namespaces"]["pid"].startswith("per session")
     assert limits["namespaces"]["ipc"].startswith("per session")
     assert limits["network"]["mode"] == "strict"
@@ -361,13 +350,16 @@ def test_processes_are_gone_before_grading(gauntlet: GauntletRun, step: str) -> 
     assert hook["original"] == "draft\n"
 
 
-def test_planted_python_does_not_hijack_the_judge(
-    request: pytest.FixtureRequest, gauntlet: GauntletRun
-) -> None:
-    _finding(request, gauntlet, {"docker", "docker:gvisor"}, PLANTED_PYTHON_FINDING)
+def test_planted_python_does_not_hijack_the_judge(gauntlet: GauntletRun) -> None:
+    """The image puts /workdir/bin and the student venv first on PATH and /workdir/data on
+    PYTHONPATH: the harness must have dropped them before any student code ran."""
     hook = gauntlet.hook("planted-python", "post_hook")
     assert hook is not None
     assert hook["hijacked_as_root"] == []
+    env = hook["harness_env"]
+    assert "/workdir" not in env["PATH"]
+    assert env["PYTHONPATH"] is None
+    assert env["PYTHONSAFEPATH"] == "1"
     assert gauntlet.score("planted-python") == 0.0
 
 
@@ -378,11 +370,15 @@ def test_fork_bomb_is_bounded(request: pytest.FixtureRequest, gauntlet: Gauntlet
     assert "bomb ended" in output
     hook = gauntlet.hook("fork-bomb", "pre_scoring_hook")
     assert hook is not None and hook["student_processes"] == []
+    # forks were refused (EAGAIN from RLIMIT_NPROC or the pids cgroup), the bomb stayed near the
+    # student's limit (the sampler's racy /proc count overshoots a little under churn)
+    refusals = int(output.split("fork refusals: ")[1].split()[0])
+    assert refusals > 0, output
+    peak = int(output.split("peak processes: ")[1].split()[0])
+    limit = gauntlet.limits()["pids"]["value"]
+    assert peak < 2 * limit, (peak, limit)
     if not _gvisor(gauntlet):
-        # the student's pids cgroup refused forks (pids.events: "max N", N > 0)
-        events = hook["pids_events"]
-        assert events is not None and events.startswith("max ")
-        assert int(events.split()[1]) > 0
+        assert hook["pids_events"] is not None and hook["pids_events"].startswith("max ")
 
 
 def test_memory_hog_is_killed_and_the_harness_survives(gauntlet: GauntletRun) -> None:
