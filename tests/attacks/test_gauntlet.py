@@ -50,11 +50,13 @@ FIRST_STEPS = [
 ]
 LAST_STEPS = {
     "docker": ["fork-bomb", "disk-fill", "final"],
+    "podman": ["fork-bomb", "disk-fill", "final"],
     "docker:gvisor": ["disk-fill", "fork-bomb", "final"],
 }
 RUNTIMES = [
     pytest.param("docker", marks=pytest.mark.requires_docker, id="docker"),
     pytest.param("docker:gvisor", marks=pytest.mark.requires_gvisor, id="docker:gvisor"),
+    pytest.param("podman", marks=pytest.mark.requires_podman, id="podman"),
 ]
 PATH_PATCH = (
     "# gauntlet: a careless author puts student-writable dirs first on PATH, and data on\n"
@@ -165,25 +167,28 @@ def gauntlet_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-_image_built: list[str] = []
+_images_built: set[str] = set()
 _runs: dict[str, GauntletRun] = {}
 
 
-def _image(env_dir: Path) -> str:
-    if not _image_built:
+def _image(env_dir: Path, runtime: str) -> str:
+    """Build once per engine per session (gVisor runs docker's images)."""
+    engine = "podman" if runtime == "podman" else "docker"
+    if engine not in _images_built:
         proc = subprocess.run(
-            [KAROTTE, "build", "--runtime", "docker", "--tag", TAG, str(env_dir)],
+            [KAROTTE, "build", "--runtime", engine, "--tag", TAG, str(env_dir)],
             capture_output=True,
             text=True,
             timeout=1800,
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
-        _image_built.append(TAG)
+        _images_built.add(engine)
     return TAG
 
 
 def _free_bytes() -> int:
-    return shutil.disk_usage("/var/lib/docker" if Path("/var/lib/docker").exists() else "/").free
+    stores = [p for p in ("/var/lib/docker", "/var/lib/containers") if Path(p).exists()]
+    return min(shutil.disk_usage(p).free for p in stores or ["/"])
 
 
 @pytest.fixture(params=RUNTIMES)
@@ -199,7 +204,7 @@ def gauntlet(
     _available(name)
     # the disk filler's ceiling is 20 GB (3 GB under gVisor): never more than the free space
     assert _free_bytes() > 25 * 10**9, "less than 25 GB free: the disk filler could fill it"
-    image = _image(gauntlet_env)
+    image = _image(gauntlet_env, name)
     out = tmp_path_factory.mktemp(f"gauntlet-{name.replace(':', '-')}")
     started = time.monotonic()
     proc = subprocess.run(
