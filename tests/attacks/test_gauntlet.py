@@ -66,11 +66,6 @@ PATH_PATCH = (
 )
 
 # ---- findings (see docs/attacks.md); strict xfails flip to failures once fixed --------------
-GVISOR_FORK_BOMB_FINDING = (
-    "under gVisor (runsc ptrace platform) each student process costs ~8.4 host tasks in the "
-    "sandbox's pids cgroup; the student's RLIMIT_NPROC (384 of the container's 1024) is far above "
-    "1024/8.4, so a fork bomb exhausts the host pids cgroup, runsc dies and the run is lost"
-)
 
 
 @dataclass
@@ -245,19 +240,6 @@ def _gvisor(run: GauntletRun) -> bool:
     return run.runtime == "docker:gvisor"
 
 
-def _finding(
-    request: pytest.FixtureRequest, run: GauntletRun, runtimes: set[str], reason: str
-) -> None:
-    """Expect this test to fail on these runtimes for a known, reported product finding (strict:
-    it fails again as soon as the product is fixed, so the mark must be removed then)."""
-    if run.runtime in runtimes:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
-
-
-def _run_ending_finding(request: pytest.FixtureRequest, run: GauntletRun) -> None:
-    _finding(request, run, {"docker:gvisor"}, GVISOR_FORK_BOMB_FINDING)
-
-
 # ---- the run as a whole ----------------------------------------------------------------------
 def test_limits_applied_names_the_mechanisms(gauntlet: GauntletRun) -> None:
     limits = gauntlet.limits()
@@ -286,8 +268,7 @@ def test_limits_applied_names_the_mechanisms(gauntlet: GauntletRun) -> None:
         assert limits["network"]["backend"].startswith("iptables")
 
 
-def test_run_completes_without_error(request: pytest.FixtureRequest, gauntlet: GauntletRun) -> None:
-    _run_ending_finding(request, gauntlet)
+def test_run_completes_without_error(gauntlet: GauntletRun) -> None:
     completed = gauntlet.completed()
     assert completed is not None
     assert gauntlet.errors() == []
@@ -368,13 +349,19 @@ def test_planted_python_does_not_hijack_the_judge(gauntlet: GauntletRun) -> None
     assert gauntlet.score("planted-python") == 0.0
 
 
-def test_fork_bomb_is_bounded(request: pytest.FixtureRequest, gauntlet: GauntletRun) -> None:
-    _finding(request, gauntlet, {"docker:gvisor"}, GVISOR_FORK_BOMB_FINDING)
+def test_fork_bomb_is_bounded(gauntlet: GauntletRun) -> None:
     assert gauntlet.score("fork-bomb") == 0.0
     output = gauntlet.tool_output("fork-bomb")
     assert "bomb ended" in output
     hook = gauntlet.hook("fork-bomb", "pre_scoring_hook")
     assert hook is not None and hook["student_processes"] == []
+    if _gvisor(gauntlet):
+        # gVisor has no host cgroup for the student: RLIMIT_NPROC and the watchdog bound the
+        # bomb, the watchdog killed the student's cohort (the shell with it), and the sandbox
+        # survived (the launcher gives runsc's host pids cgroup room for its per-task overhead)
+        assert "watchdog" in gauntlet.limits()["pids"]["mechanism"]
+        assert "status -9" in output or "fork refusals: " in output, output
+        return
     # forks were refused (EAGAIN from RLIMIT_NPROC or the pids cgroup), the bomb stayed near the
     # student's limit (the sampler's racy /proc count overshoots a little under churn)
     refusals = int(output.split("fork refusals: ")[1].split()[0])
@@ -459,8 +446,7 @@ def test_disk_fill_is_bounded(gauntlet: GauntletRun) -> None:
 
 
 def test_disk_fill_scores_zero_and_the_final_honest_step_scores_one(
-    request: pytest.FixtureRequest, gauntlet: GauntletRun
+    gauntlet: GauntletRun,
 ) -> None:
-    _run_ending_finding(request, gauntlet)
     assert gauntlet.score("disk-fill") == 0.0
     assert gauntlet.score("final") == 1.0

@@ -261,7 +261,13 @@ class Launcher:
         memory, cpus, pids, disk = self.options.memory_bytes, self.options.cpus, None, None
         pids = self.options.pids_limit
         disk = self.options.disk_bytes
-        hw = task_hardware(self.base_config)
+        hw, problem = task_hardware(self.base_config)
+        if problem is not None:
+            self.display.message(
+                f"[warning] the task's required_hardware could not be read here ({problem}); "
+                "the sandbox gets the default limits. Run karotte from the environment's own "
+                "venv (`uv run karotte run ...` in the environment) so its tasks import."
+            )
         if hw is not None:
             if memory is None and hw.memory_gib:
                 memory = int(hw.memory_gib * GIB)
@@ -389,7 +395,7 @@ class Launcher:
             mounts=mounts,
             memory_bytes=memory,
             cpus=cpus,
-            pids_limit=pids,
+            pids_limit=engine_pids_limit(pids, self.runtime.sandbox_kind),
             disk_bytes=disk,
             cap_add=caps,
             devices=devices,
@@ -688,15 +694,27 @@ def model_credentials_env(config: EvaluationRunConfig) -> dict[str, str]:
     return env
 
 
-def task_hardware(config: EvaluationRunConfig) -> Any:
-    """The task's ``required_hardware`` if the environment is importable here, else None."""
+# gVisor (ptrace platform) spends several host tasks per sandboxed process (~8.4 measured, more
+# while a fork bomb churns), all counted in the container's host pids cgroup; if that runs out,
+# runsc dies and the run is lost. The sandbox's own budget (KAROTTE_PIDS_LIMIT, enforced inside
+# on the student) stays as asked; the host cgroup gets room for the sentry's overhead.
+GVISOR_HOST_PIDS_FACTOR = 16
+
+
+def engine_pids_limit(pids: int, sandbox_kind: str) -> int:
+    """The pids limit given to the engine for a sandbox whose processes may number ``pids``."""
+    return pids * GVISOR_HOST_PIDS_FACTOR if sandbox_kind == "gvisor" else pids
+
+
+def task_hardware(config: EvaluationRunConfig) -> tuple[Any, str | None]:
+    """The task's ``required_hardware`` and, when it can't be read here, why."""
     try:
         from karotte.discovery import find_task
 
-        return find_task(config.task_id)(config).required_hardware
+        return find_task(config.task_id)(config).required_hardware, None
     except Exception as exc:
         log.debug("required_hardware unavailable on the host: %s", exc)
-        return None
+        return None, str(exc).splitlines()[0]
 
 
 def installed_environment_path(runtime: Runtime, image: str) -> str:
