@@ -22,6 +22,7 @@ from karotte.sandbox.confinement.demote import Identity, student_identity
 from karotte.sandbox.confinement.disk import DiskQuotaUnavailable, LoopQuota
 from karotte.sandbox.confinement.firewall import FirewallError, StudentFirewall, run_canary
 from karotte.sandbox.confinement.limits import (
+    DEFAULT_PIDS,
     AppliedLimits,
     LimitsOptions,
     apply_limits,
@@ -63,11 +64,12 @@ def student_pids_limit(sandbox_pids: int, sandbox: str | None) -> int:
 
     The student must run out of processes before the sandbox does, or a fork bomb takes the
     harness (and under gVisor the whole sandbox) down with it: keep a reserve for the harness.
+    Never more than the default student limit (2048, `limits.DEFAULT_PIDS`).
     Under gVisor each student task also costs the sandbox ~8-9 host tasks, so the student gets a
     tenth of what is left.
     """
     reserve = max(HARNESS_PIDS_RESERVE, sandbox_pids // 4)
-    available = max(sandbox_pids - reserve, 8)
+    available = min(max(sandbox_pids - reserve, 8), DEFAULT_PIDS)
     return max(available // GVISOR_HOST_TASKS_PER_PROCESS, 8) if sandbox == "gvisor" else available
 
 
