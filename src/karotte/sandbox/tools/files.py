@@ -48,7 +48,8 @@ def file_error(exc: BaseException) -> ToolResult:
     return ToolResult(output=f"Error: {exc}", is_error=True)
 
 
-def _timeout(ctx: ToolContext) -> float:
+def file_timeout(ctx: ToolContext) -> float:
+    """Timeout of one demoted file access: the tool call's, at most FILE_TIMEOUT_S."""
     return min(FILE_TIMEOUT_S, ctx.timeout_s)
 
 
@@ -100,7 +101,7 @@ class ViewLinesTool(_TextFileTool):
                 self.ctx.identity,
                 path,
                 max_bytes=self.max_bytes,
-                timeout_s=_timeout(self.ctx),
+                timeout_s=file_timeout(self.ctx),
             )
         except (FileAccessError, DemotedCallTimeout, DemotedCallCrashed) as exc:
             return file_error(exc)
@@ -224,7 +225,7 @@ class ReplaceTool(_TextFileTool):
                 args.old,
                 args.new,
                 self.max_bytes,
-                timeout_s=_timeout(self.ctx),
+                timeout_s=file_timeout(self.ctx),
             )
         except ReplaceError as exc:
             return ToolResult(output=f"Error: {exc}", is_error=True)

@@ -21,7 +21,7 @@ from karotte.sandbox.confinement.demote import (
 )
 from karotte.sandbox.tools.base import ToolResult
 from karotte.sandbox.tools.custom import ToolArguments, ToolContext
-from karotte.sandbox.tools.files import FILE_TIMEOUT_S, file_error
+from karotte.sandbox.tools.files import file_error, file_timeout
 
 DEFAULT_MAX_IMAGE_BYTES = 5 * 1024 * 1024
 
@@ -97,7 +97,7 @@ class ViewImageTool:
                 self.ctx.identity,
                 path,
                 max_bytes=self.max_bytes,
-                timeout_s=min(FILE_TIMEOUT_S, self.ctx.timeout_s),
+                timeout_s=file_timeout(self.ctx),
             )
         except (FileAccessError, DemotedCallTimeout, DemotedCallCrashed) as exc:
             return file_error(exc)
