@@ -40,11 +40,30 @@ def _skip_reason(marker: str) -> str | None:
         return _docker_reason()
     if marker == "requires_podman":
         return None if shutil.which("podman") else "podman not installed (scripts/setup-engines.sh)"
+    if marker == "requires_qemu":
+        return (
+            None
+            if shutil.which("qemu-system-x86_64")
+            else "qemu not installed (scripts/setup-vm.sh)"
+        )
+    if marker == "requires_browser":
+        return (
+            None
+            if shutil.which("chromium")
+            else "chromium not installed (scripts/setup-browser.sh)"
+        )
     return None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    for marker in ("requires_root", "requires_docker", "requires_podman", "requires_gvisor"):
+    for marker in (
+        "requires_root",
+        "requires_docker",
+        "requires_podman",
+        "requires_gvisor",
+        "requires_qemu",
+        "requires_browser",
+    ):
         if item.get_closest_marker(marker) is not None:
             reason = _skip_reason(marker)
             if reason:
