@@ -6,7 +6,7 @@
 # configuration files instead of overwriting them.
 #
 # What it does (see docs/runtimes-setup.md for the why):
-#   1. apt-get installs docker.io podman crun runc catatonit uidmap runsc mmdebstrap (+ helpers)
+#   1. apt-get installs docker.io podman crun runc catatonit uidmap runsc mmdebstrap nftables (+ helpers)
 #      when any of them is missing;
 #   2. podman: default_ulimits in /etc/containers/containers.conf (root may lack CAP_SYS_RESOURCE);
 #   3. crun on cgroup-v1 "hybrid" hosts: mounts the v1 hugetlb hierarchy crun insists on;
@@ -23,7 +23,7 @@
 #   KAROTTE_DOCKERD_WAIT=S    seconds to wait for dockerd to answer (default 60)
 set -eu
 
-PACKAGES="docker.io podman crun runc catatonit uidmap runsc mmdebstrap e2fsprogs iptables ca-certificates python3"
+PACKAGES="docker.io podman crun runc catatonit uidmap runsc mmdebstrap e2fsprogs iptables nftables ca-certificates python3"
 CONTAINERS_CONF=${KAROTTE_CONTAINERS_CONF:-/etc/containers/containers.conf}
 DAEMON_JSON=${KAROTTE_DAEMON_JSON:-/etc/docker/daemon.json}
 DOCKERD_LOG=${KAROTTE_DOCKERD_LOG:-/var/log/karotte-dockerd.log}
