@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from karotte.host.runtimes import get_runtime
+from karotte.host.runtimes import disk_delegation, get_runtime
 
 pytestmark = pytest.mark.slow
 
@@ -253,10 +253,14 @@ def test_limits_applied_names_the_mechanisms(gauntlet: GauntletRun) -> None:
     assert limits["namespaces"]["ipc"].startswith("per session")
     assert limits["network"]["mode"] == "strict"
     if _gvisor(gauntlet):
-        # documented gVisor gaps: no writable cgroup (watchdog), no loop devices, no iptables
+        # documented gVisor gaps: no writable cgroup (watchdog), no iptables; no loop devices,
+        # so the launcher loop-mounts the student's home and /var/tmp on the host
         assert "watchdog" in limits["memory"]["mechanism"]
         assert "RLIMIT_NPROC" in limits["pids"]["mechanism"]
-        assert all(d["mechanism"] == "none" for d in limits["disk"])
+        disks = {d["path"]: d for d in limits["disk"]}
+        assert set(disks) == {"/workdir", "/var/tmp"}, disks
+        assert all(d["mechanism"] == disk_delegation.MECHANISM for d in disks.values())
+        assert disks["/workdir"]["bytes"] == 1 << 30
         assert limits["network"]["backend"] is None
         assert limits["network"]["canary"]["192.0.2.1:80"].startswith("blocked")
     else:
@@ -434,15 +438,15 @@ def test_disk_fill_is_bounded(gauntlet: GauntletRun) -> None:
     output = gauntlet.tool_output("disk-fill")
     assert "written " in output, output
     written = int(output.split("written ")[1].split()[0])
+    assert "No space left on device" in output
+    quota = next(d for d in gauntlet.limits()["disk"] if d["path"] == "/workdir")
+    assert written <= quota["bytes"] + (64 << 20)
     if _gvisor(gauntlet):
-        # documented gap: no loop devices under gVisor, so no quota of ours: the writer goes
-        # past the 1 GiB budget to its own 1.2 GB ceiling (only RLIMIT_FSIZE bounds one file)
-        assert "No space left on device" not in output
-        assert written == 1_200_000_000
+        # no loop devices in gVisor: the launcher made the quota on the host
+        assert quota["mechanism"] == disk_delegation.MECHANISM, quota
+        assert "statvfs" in quota["detail"]
     else:
-        assert "No space left on device" in output
-        quota = next(d for d in gauntlet.limits()["disk"] if d["path"] == "/workdir")
-        assert written <= quota["bytes"] + (64 << 20)
+        assert quota["mechanism"].startswith("loop-mounted ext4"), quota
 
 
 def test_disk_fill_scores_zero_and_the_final_honest_step_scores_one(

@@ -19,10 +19,11 @@ def clean(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
 ) -> None:
-    """Remove sandboxes whose launcher is gone (killed), and leftover student cgroup dirs."""
+    """Remove sandboxes whose launcher is gone (killed), and their leftover student cgroup dirs
+    and host disk quotas."""
     from karotte.errors import KarotteError
     from karotte.host import reaper
-    from karotte.host.runtimes import Runtime, get_runtime, runtime_names
+    from karotte.host.runtimes import Runtime, disk_delegation, get_runtime, runtime_names
     from karotte.host.runtimes.base import LABEL_LAUNCHER_PID, LABEL_RUN_ID
     from karotte.host.runtimes.cgroup_delegation import remove_dirs
 
@@ -62,11 +63,20 @@ def clean(
         )
         if not dry_run:
             problems += [f"could not remove {d}" for d in remove_dirs(dirs, attempts=3)]
+    stale_disks = reaper.stale_disks()
+    for run_name, run_dir in sorted(stale_disks.items()):
+        err_console.print(
+            f"{'would remove' if dry_run else 'removing'} the disk quota of {escape(run_name)} "
+            f"({escape(str(run_dir))})"
+        )
+        if not dry_run:
+            problems += disk_delegation.remove_run_dir(run_dir)
     for problem in problems:
         err_console.print(f"[yellow]warning:[/] {escape(problem)}")
     what = "to remove" if dry_run else "removed"
     err_console.print(
-        f"{removed} sandbox(es) and {len(stale)} cgroup set(s) {what} "
+        f"{removed} sandbox(es), {len(stale)} cgroup set(s) and {len(stale_disks)} disk "
+        f"quota(s) {what} "
         f"({', '.join(e.name for e in engines) or 'no runtime available'})"
     )
     if problems:

@@ -39,7 +39,7 @@ from karotte.events import (
     parse_event,
 )
 from karotte.host import reaper
-from karotte.host.runtimes import cgroup_delegation
+from karotte.host.runtimes import cgroup_delegation, disk_delegation
 from karotte.host.runtimes.base import (
     LABEL_LAUNCHER_HOST,
     LABEL_LAUNCHER_PID,
@@ -146,6 +146,7 @@ class RunSlot:
         self.sandbox_name = f"karotte-{config.run_id}"
         self.sandbox: Sandbox | None = None
         self.delegation: CgroupDelegation | None = None
+        self.disk: disk_delegation.DiskDelegation | None = None
         self.events: list[Event] = []
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.exit_code: int | None = None
@@ -243,6 +244,10 @@ class Launcher:
             )
         for error in report.errors:
             self.display.message(f"[warning] {error}")
+        for run_name, problems in reaper.reap_stale_disks().items():
+            self.display.message(f"removed the disk quota of dead run {run_name}")
+            for problem in problems:
+                self.display.message(f"[warning] {problem}")
 
     def image(self) -> str:
         if self.options.image:
@@ -370,6 +375,9 @@ class Launcher:
             labels[reaper.LABEL_CGROUP] = slot.sandbox_name
             mounts += slot.delegation.mounts
             cgroup_parent = slot.delegation.cgroup_parent
+        if slot.disk is not None:
+            mounts += slot.disk.mounts()
+            env.update(slot.disk.env())
         if self.options.proxy:
             relay_dir = self._proxy_relays[0].socket_dir
             mounts.append(Mount(source=relay_dir, target="/run/karotte/proxy"))
@@ -428,12 +436,32 @@ class Launcher:
         if delegation is None:
             self.display.message(f"{slot.label}: no writable student cgroup: {why}")
 
+    def _delegate_disk(self, slot: RunSlot, image: str, disk: int) -> None:
+        if not (isinstance(self.runtime, OciCliRuntime) and self.runtime.host_disk_quota):
+            return
+        owner = reaper.launcher_labels(slot.run_id)
+        delegation, why = disk_delegation.delegate(
+            self.runtime,
+            image,
+            slot.sandbox_name,
+            owner,
+            disk,
+            user=slot.config.student_user or "student",
+        )
+        slot.disk = delegation
+        if delegation is None:
+            self.display.message(
+                f"[warning] {slot.label}: no disk quota for the student under "
+                f"{self.runtime.name}: {why}"
+            )
+
     def start_all(self, image: str) -> None:
         hardware = self.hardware()
-        memory, _cpus, pids, _disk = hardware
+        memory, _cpus, pids, disk = hardware
         env_mounts = self.dev_mounts(image) if self.options.dev else []
         for slot in self.slots:
             self._delegate_cgroup(slot, memory, pids)
+            self._delegate_disk(slot, image, disk)
             spec = self.spec_for(slot, image, hardware, env_mounts)
             slot.state = "starting"
             self.display.update(slot)
@@ -558,6 +586,9 @@ class Launcher:
                     left = cgroup_delegation.remove_dirs(dirs)
                     for path in left:
                         self.display.message(f"[warning] could not remove cgroup dir {path}")
+                if slot.disk is not None and not self.options.keep_containers:
+                    for problem in disk_delegation.release(slot.disk):
+                        self.display.message(f"[warning] {problem}")
 
     def _remove_own_sandboxes(self) -> None:
         mine = {

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from karotte.errors import RuntimeUnavailableError
-from karotte.host.runtimes import cgroup_delegation
+from karotte.host.runtimes import cgroup_delegation, disk_delegation
 from karotte.host.runtimes.base import (
     LABEL_LAUNCHER_HOST,
     LABEL_LAUNCHER_PID,
@@ -147,4 +147,23 @@ def stale_cgroup_dirs(runtimes: list[Runtime], min_age_s: float = 120) -> dict[s
         name: dirs
         for name, dirs in cgroup_delegation.leftover_run_dirs().items()
         if name not in live and old(dirs)
+    }
+
+
+def stale_disks(min_age_s: float = 120) -> dict[str, Path]:
+    """Host disk-quota run dirs whose launcher is gone (older than ``min_age_s``, so one being
+    made right now is left alone). A dir without a readable owner counts as gone."""
+    return {
+        name: run_dir
+        for name, (run_dir, owner) in disk_delegation.leftover_run_dirs().items()
+        if (not owner or not launcher_alive(owner))
+        and disk_delegation.dir_age_s(run_dir) >= min_age_s
+    }
+
+
+def reap_stale_disks(min_age_s: float = 120) -> dict[str, list[str]]:
+    """Unmount and delete the stale disk quotas; run name -> problems (empty when clean)."""
+    return {
+        name: disk_delegation.remove_run_dir(run_dir)
+        for name, run_dir in stale_disks(min_age_s).items()
     }

@@ -57,6 +57,7 @@ class GVisorRuntime(DockerRuntime):
     # runsc runs the sandbox's processes in its own kernel: host cgroup dirs bind-mounted in
     # cannot hold them, so the launcher does not offer a writable cgroup.
     supports_writable_cgroup: ClassVar[bool] = False
+    host_disk_quota: ClassVar[bool] = True  # gVisor has no loop devices
 
     def grantable_capabilities(self, wanted: list[str]) -> tuple[list[str], list[str]]:
         # gVisor's kernel grants capabilities itself; the host's bounding set does not limit it

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -77,6 +78,8 @@ class OciCliRuntime(Runtime):
     binary: ClassVar[str]
     run_args: ClassVar[tuple[str, ...]] = ()
     supports_writable_cgroup: ClassVar[bool] = True
+    # the sandbox cannot loop-mount its own disk quota (no loop devices): the launcher makes it
+    host_disk_quota: ClassVar[bool] = False
     cli_timeout_s: ClassVar[float] = 60.0
 
     def __init__(
@@ -283,6 +286,20 @@ class OciCliRuntime(Runtime):
 
     def remove_image(self, tag: str) -> None:
         self._run("image", "rm", "-f", tag, check=False)
+
+    def copy_from_image(self, image: str, paths: list[str]) -> dict[str, bytes | None]:
+        """Each path's content in ``image`` as a tar archive (``cp … -``), None where the image
+        has no such path. A container is created for it (never started) and removed."""
+        name = f"karotte-copy-{uuid.uuid4().hex[:12]}"
+        self._run("create", "--name", name, "--network=none", "--", image, "true")
+        try:
+            found: dict[str, bytes | None] = {}
+            for path in paths:
+                proc = self._run("cp", f"{name}:{path}", "-", check=False, timeout_s=600)
+                found[path] = proc.stdout if proc.returncode == 0 else None
+            return found
+        finally:
+            self._run("rm", "-f", name, check=False)
 
     # ---- sandboxes ---------------------------------------------------------------------------
     def run_command(self, spec: SandboxSpec) -> tuple[list[str], dict[str, str]]:

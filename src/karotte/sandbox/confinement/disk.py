@@ -58,7 +58,7 @@ def _run(argv: list[str], what: str, timeout: float = 120) -> str:
     return result.stdout.strip()
 
 
-def _usage(path: Path) -> tuple[int, int]:
+def usage(path: Path) -> tuple[int, int]:
     """Allocated bytes and number of entries below ``path`` (no symlink following)."""
     total, count = 0, 0
     for root, dirs, files in os.walk(path, followlinks=False):
@@ -70,6 +70,14 @@ def _usage(path: Path) -> tuple[int, int]:
             total += st.st_blocks * 512 + 4096
             count += 1
     return total, count
+
+
+def ext4_image_bytes(free_bytes: int, existing_bytes: int, inodes: int) -> int:
+    """Size of an ext4 image that leaves ``free_bytes`` for data on top of ``existing_bytes``,
+    with ``inodes`` inodes (``mkfs.ext4 -m 0 -O ^has_journal``): inode tables (256 B each),
+    bitmaps and group descriptors (~2 %) come on top."""
+    total = free_bytes + existing_bytes + inodes * 256
+    return total + total // 50 + 2 * MIB
 
 
 def loop_devices_available() -> str | None:
@@ -120,11 +128,10 @@ class LoopQuota:
         os.chmod(image_dir, 0o700)
         self.image = image_dir / "student-disk.ext4"
         try:
-            existing_bytes, existing_files = _usage(self.path)
+            existing_bytes, existing_files = usage(self.path)
             inodes = self.inodes + existing_files + 16
             # ext4 metadata: inode tables (256 B each), bitmaps, group descriptors (~2%)
-            total = self.size_bytes + existing_bytes + inodes * 256
-            total += total // 50 + 2 * MIB
+            total = ext4_image_bytes(self.size_bytes, existing_bytes, inodes)
             with open(self.image, "xb") as handle:
                 handle.truncate(total)
             argv = [

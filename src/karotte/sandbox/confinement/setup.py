@@ -11,6 +11,7 @@ Without ``config.student_user`` (local development) nothing is confined and the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -178,7 +179,13 @@ def _setup_disk(
         if os.path.isdir(path) and _fs_type(path) != "tmpfs":
             wanted.append((path, 0, 0, max(size // 4, 16 << 20)))
     results: list[dict[str, Any]] = []
+    host_made = launcher_disk_mounts()
+    for claim in host_made:
+        results.append(verify_launcher_disk(claim))
+    done = {claim.get("path") for claim in host_made}
     for path, uid, gid, budget in wanted:
+        if path in done:
+            continue
         quota = LoopQuota(
             Path(path),
             size_bytes=budget,
@@ -205,6 +212,47 @@ def _setup_disk(
                 }
             )
     return results
+
+
+def launcher_disk_mounts() -> list[dict[str, Any]]:
+    """The quota filesystems the launcher mounted for us (``KAROTTE_DISK_MOUNTS``), if any."""
+    raw = os.environ.get("KAROTTE_DISK_MOUNTS", "")
+    if not raw:
+        return []
+    try:
+        claims = json.loads(raw)
+    except ValueError:
+        return []
+    if not isinstance(claims, list):
+        return []
+    return [c for c in claims if isinstance(c, dict) and isinstance(c.get("path"), str)]
+
+
+def verify_launcher_disk(claim: dict[str, Any]) -> dict[str, Any]:
+    """Trust, but check: the path must be its own filesystem whose free space and free inodes
+    are within the budget the launcher claims; otherwise it is recorded as unbounded."""
+    path = str(claim["path"])
+    budget = int(claim.get("bytes", 0))
+    inodes = int(claim.get("inodes", 0))
+    result: dict[str, Any] = {"path": path, "bytes": budget, "inodes": inodes}
+    try:
+        st = os.statvfs(path)
+        separate = os.stat(path).st_dev != os.stat("/").st_dev
+    except OSError as exc:
+        return result | {"mechanism": "none", "detail": f"launcher quota unreadable: {exc}"}
+    free_bytes = st.f_bavail * st.f_frsize
+    free_files = st.f_favail
+    measured = f"free {free_bytes} bytes, {free_files} files"
+    slack = 16 << 20
+    if separate and free_bytes <= budget + budget // 20 + slack and free_files <= inodes * 2 + 64:
+        return result | {
+            "mechanism": str(claim.get("mechanism", "launcher quota")),
+            "detail": f"checked with statvfs: {measured}",
+        }
+    return result | {
+        "mechanism": "none",
+        "detail": f"the launcher's quota does not hold: separate filesystem {separate}, {measured}",
+    }
 
 
 def _setup_network(
