@@ -1,7 +1,12 @@
 """Sandbox runtimes, registered by name: ``docker``, ``podman``, ``docker:gvisor``, ``local``."""
 
-from karotte.host.runtimes import docker, local, podman  # noqa: F401  (registration)
-from karotte.host.runtimes import qemu  # noqa: F401  (registration)
+from karotte.host.runtimes import (  # noqa: F401  (registration)
+    docker,
+    firecracker,
+    local,
+    podman,
+    qemu,
+)
 from karotte.host.runtimes.base import (
     Availability,
     ExecResult,

@@ -15,12 +15,25 @@ def _macos_major() -> int:
 
 
 def firecracker_can_boot() -> tuple[bool, str]:
-    """Whether a Firecracker microVM really boots here.
+    """Whether a Firecracker microVM really boots here, and why (the boot probe's answer).
 
     ``/dev/kvm`` existing proves nothing (on nested/PVM hosts it answers the API but guests
-    die), so only a boot probe with a timeout may say yes. That probe is not written yet.
+    die), so only :func:`karotte.host.boot_probe.firecracker_boot_probe` may say yes: it boots
+    the guest kernel to a marker with a timeout (cached per binary, kernel and host kernel).
+    A guest that boots is not enough either: the ``firecracker`` runtime must be usable.
     """
-    return False, "no boot probe yet / KVM not verified"
+    from karotte.host.boot_probe import firecracker_boot_probe
+
+    probe = firecracker_boot_probe()
+    if not probe.ok:
+        cached = " (cached probe)" if probe.cached else ""
+        return False, f"boot probe: {probe.reason}{cached}"
+    from karotte.host.runtimes.base import get_runtime
+
+    availability = get_runtime("firecracker").availability()
+    if not availability.ok:
+        return False, f"boot probe: {probe.reason}, but {availability.reason}"
+    return True, f"boot probe: {probe.reason}"
 
 
 def select_default_runtime() -> tuple[str, str]:

@@ -1,0 +1,362 @@
+"""``firecracker``: one Firecracker microVM per run, so the student gets its own kernel.
+
+What works today (and is tested with the real binary): the pinned firecracker/jailer/kernel
+(:mod:`karotte.host.firecracker.artifacts`), the VMM's API (machine config, boot source, drives,
+serial console to a file, ``InstanceStart``, ``SendCtrlAltDel``), the optional jailer (uid/gid,
+chroot, cgroup v1/v2 limits), kill and cleanup (no socket, chroot or cgroup left), and a record
+of each VMM under the state dir so that :meth:`list_sandboxes`/:meth:`remove` find it again
+(also from another process, e.g. ``karotte clean``).
+
+The guest path (export the image to drives, boot, run the harness, stream events over serial)
+belongs to the shared VM layer (``karotte.host.vm``) and runs only where the boot probe
+(:mod:`karotte.host.boot_probe`) says a guest really boots. Where it does not (here: KVM-PVM,
+guests crawl and die), :meth:`availability` says so with the probe's reason, and :meth:`start`
+refuses the run before anything starts. Images are built by Docker (the VM layer exports them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar, NoReturn
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from karotte.errors import RuntimeUnavailableError
+from karotte.host.firecracker.api import MachineConfig
+from karotte.host.firecracker.artifacts import (
+    SETUP_FIX,
+    ArtifactError,
+    find_binary,
+    find_kernel,
+    host_supported,
+)
+from karotte.host.firecracker.vmm import FirecrackerVM, JailerConfig
+from karotte.host.runtimes.base import (
+    Availability,
+    ExecResult,
+    OutputCallback,
+    Runtime,
+    Sandbox,
+    SandboxSpec,
+    register_runtime,
+)
+from karotte.host.runtimes.docker import DockerRuntime
+
+GIB = 1 << 30
+GUEST_KERNEL_OVERHEAD_BYTES = GIB  # the guest kernel + init get 1 GiB on top of the sandbox
+DEFAULT_MEMORY_BYTES = 4 * GIB
+DEFAULT_BOOT_ARGS = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux"
+NOT_BOOTING_FIX = (
+    "run on a host where KVM really runs guests (bare metal, or a VM with nested "
+    "virtualization: the CPU shows vmx/svm); here use `--runtime qemu` (a VM with its own "
+    "kernel on a software CPU) or `--runtime docker:gvisor`. Re-probe with "
+    "`karotte doctor --refresh`."
+)
+
+
+def state_dir() -> Path:
+    """Where each running VMM's record lives (``KAROTTE_FIRECRACKER_STATE``)."""
+    default = (
+        "/run/karotte/firecracker"
+        if os.geteuid() == 0
+        else f"/tmp/karotte-{os.geteuid()}/firecracker"
+    )
+    return Path(os.environ.get("KAROTTE_FIRECRACKER_STATE", default))
+
+
+class VmRecord(BaseModel):
+    """What :meth:`FirecrackerRuntime.remove` needs to clean a VMM up, even from another process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    vm_id: str
+    pid: int
+    pid_start: str  # /proc/<pid>/stat field 22: a recycled pid is not mistaken for the VMM
+    labels: dict[str, str] = Field(default_factory=dict)
+    workdir: str
+    jail_dir: str | None = None
+    cgroup_dirs: list[str] = Field(default_factory=list)
+    socket: str
+    serial: str
+
+
+def vm_sizing(spec: SandboxSpec) -> MachineConfig:
+    """Guest memory = sandbox memory (default 4 GiB) + 1 GiB for the guest kernel; vCPUs = the
+    sandbox's CPUs rounded up (at least 1)."""
+    memory = (spec.memory_bytes or DEFAULT_MEMORY_BYTES) + GUEST_KERNEL_OVERHEAD_BYTES
+    vcpus = max(1, math.ceil(spec.cpus)) if spec.cpus else 1
+    return MachineConfig(vcpu_count=min(vcpus, 32), mem_size_mib=memory // (1 << 20))
+
+
+def _pid_start(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def vm_layer_available() -> bool:
+    return importlib.util.find_spec("karotte.host.vm") is not None
+
+
+class FirecrackerRuntime(Runtime):
+    name: ClassVar[str] = "firecracker"
+    sandbox_kind: ClassVar[str] = "firecracker"
+    isolation: ClassVar[str] = "vm"
+
+    def __init__(self, use_jailer: bool | None = None) -> None:
+        # the jailer needs root (chroot, cgroups, mknod); it is used whenever we are root
+        self.use_jailer = os.geteuid() == 0 if use_jailer is None else use_jailer
+        self._images = DockerRuntime()
+
+    # ---- availability ------------------------------------------------------------------------
+    def availability(self) -> Availability:
+        if (why := host_supported()) is not None:
+            return Availability(
+                ok=False, reason=why, fix="use docker (or apple-container on macOS)"
+            )
+        try:
+            find_binary("firecracker")
+            if self.use_jailer:
+                find_binary("jailer")
+            find_kernel()
+        except ArtifactError as exc:
+            reason, _, fix = str(exc).partition("\nfix: ")
+            return Availability(ok=False, reason=reason, fix=fix or SETUP_FIX)
+        from karotte.host.boot_probe import firecracker_boot_probe
+
+        probe = firecracker_boot_probe()
+        if not probe.ok:
+            fix = NOT_BOOTING_FIX
+            if probe.stage == "no-kvm":
+                fix = (
+                    "enable hardware virtualization (VT-x/AMD-V) and load kvm_intel/kvm_amd, or "
+                    "run as a user in the `kvm` group; " + NOT_BOOTING_FIX
+                )
+            return Availability(
+                ok=False, reason=f"Firecracker guests do not boot here: {probe.reason}", fix=fix
+            )
+        if not vm_layer_available():
+            return Availability(
+                ok=False,
+                reason="guests boot here, but this karotte has no VM layer (karotte.host.vm) "
+                "to run the harness in a guest yet",
+                fix="update karotte; meanwhile use docker or docker:gvisor",
+            )
+        return Availability(
+            ok=False,
+            reason="guests boot here, but the firecracker runtime is not wired to the VM layer "
+            "yet (only its control plane exists)",
+            fix="use `--runtime qemu` for a VM, or docker / docker:gvisor",
+        )
+
+    def _refuse(self, what: str) -> NoReturn:
+        availability = self.availability()
+        raise RuntimeUnavailableError(
+            f"runtime 'firecracker' cannot {what}: {availability.reason}\nfix: {availability.fix}"
+        )
+
+    # ---- images: built by Docker, exported to drives by the VM layer -------------------------
+    def build(
+        self,
+        context: Path,
+        containerfile: Path,
+        tag: str,
+        build_args: dict[str, str],
+        on_output: OutputCallback | None = None,
+    ) -> str:
+        return self._images.build(context, containerfile, tag, build_args, on_output)
+
+    def image_exists(self, tag: str) -> bool:
+        return self._images.image_exists(tag)
+
+    def import_rootfs(self, tarball: Path, tag: str) -> str:
+        return self._images.import_rootfs(tarball, tag)
+
+    # ---- the control plane -------------------------------------------------------------------
+    def launch_vmm(
+        self,
+        spec: SandboxSpec,
+        drives: list[tuple[str, Path, bool, bool]] | None = None,
+        initrd: Path | None = None,
+        boot_args: str = DEFAULT_BOOT_ARGS,
+        instance_start: bool = False,
+    ) -> tuple[Sandbox, FirecrackerVM]:
+        """Start a VMM for ``spec`` (jailed when root), configure it (sizing, kernel, drives,
+        serial to a file) and, with ``instance_start``, start the guest. The VMM is recorded in
+        the state dir; on any failure it is killed and cleaned up before the error propagates."""
+        firecracker = find_binary("firecracker", fetch=True)
+        kernel = find_kernel()
+        jail = None
+        if self.use_jailer:
+            jail = JailerConfig(
+                jailer=find_binary("jailer", fetch=True).path,
+                memory_bytes=(spec.memory_bytes or DEFAULT_MEMORY_BYTES)
+                + GUEST_KERNEL_OVERHEAD_BYTES
+                + 256 * (1 << 20),  # the VMM's own memory next to the guest's
+                pids_limit=64,
+                cpu_quota=spec.cpus,
+            )
+        vm_id = f"k-{uuid.uuid4().hex[:16]}"
+        states = state_dir()
+        states.mkdir(parents=True, exist_ok=True, mode=0o700)
+        vm = FirecrackerVM(firecracker.path, vm_id, workdir_base=states, jailer=jail)
+        try:
+            vm.spawn()
+            assert vm.pid is not None
+            record = VmRecord(
+                name=spec.name,
+                vm_id=vm_id,
+                pid=vm.pid,
+                pid_start=_pid_start(vm.pid),
+                labels=dict(spec.labels),
+                workdir=str(vm.workdir),
+                jail_dir=str(vm.chroot_dir.parent) if vm.chroot_dir is not None else None,
+                cgroup_dirs=[str(path) for path in vm.cgroup_dirs()],
+                socket=str(vm.socket_path),
+                serial=str(vm.serial_path),
+            )
+            (states / f"{vm_id}.json").write_text(record.model_dump_json())
+            vm.configure(vm_sizing(spec), kernel.path, boot_args, drives=drives, initrd=initrd)
+            if instance_start:
+                vm.instance_start()
+        except BaseException:
+            vm.cleanup()
+            (states / f"{vm_id}.json").unlink(missing_ok=True)
+            raise
+        sandbox = Sandbox(id=vm_id, name=spec.name, runtime=self.name, labels=dict(spec.labels))
+        return sandbox, vm
+
+    # ---- sandboxes ---------------------------------------------------------------------------
+    def start(self, spec: SandboxSpec) -> Sandbox:
+        self._refuse(f"start sandbox {spec.name}")
+
+    def exec(
+        self,
+        sandbox: Sandbox,
+        argv: list[str],
+        user: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        self._refuse("exec in a guest")
+
+    def stream_output(
+        self, sandbox: Sandbox, on_stderr: OutputCallback | None = None
+    ) -> Iterator[bytes]:
+        self._refuse("stream a guest's output")
+
+    def _records(self) -> list[VmRecord]:
+        records = []
+        for path in sorted(state_dir().glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                records.append(VmRecord.model_validate(json.loads(path.read_text())))
+        return records
+
+    def _record(self, sandbox: Sandbox) -> VmRecord | None:
+        path = state_dir() / f"{sandbox.id}.json"
+        try:
+            return VmRecord.model_validate(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _alive(record: VmRecord) -> bool:
+        return record.pid_start != "" and _pid_start(record.pid) == record.pid_start
+
+    def wait(self, sandbox: Sandbox, timeout_s: float | None = None) -> int:
+        record = self._record(sandbox)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while record is not None and self._alive(record):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"VM {sandbox.name} still running after {timeout_s} s")
+            time.sleep(0.05)
+        return 0 if record is not None else -1
+
+    def stop(self, sandbox: Sandbox, timeout_s: float = 10) -> None:
+        record = self._record(sandbox)
+        if record is None or not self._alive(record):
+            return
+        from karotte.host.firecracker.api import FirecrackerApi, FirecrackerApiError
+
+        with contextlib.suppress(FirecrackerApiError):
+            api = FirecrackerApi(Path(record.socket), timeout_s=2)
+            if api.instance_info().get("state") == "Running":
+                api.send_ctrl_alt_del()
+                with contextlib.suppress(TimeoutError):
+                    self.wait(sandbox, timeout_s)
+        self._kill(record)
+
+    def _kill(self, record: VmRecord) -> None:
+        if self._alive(record):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(record.pid, signal.SIGKILL)
+            for _ in range(200):
+                if not self._alive(record) or _zombie(record.pid):
+                    break
+                time.sleep(0.01)
+
+    def remove(self, sandbox: Sandbox) -> None:
+        """Kill the VMM and remove its socket, work dir, jail and cgroups (idempotent)."""
+        record = self._record(sandbox)
+        if record is None:
+            return
+        self._kill(record)
+        if record.jail_dir:
+            shutil.rmtree(record.jail_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                Path(record.jail_dir).parent.rmdir()
+        for cgroup in record.cgroup_dirs:
+            _rmdir_cgroup(Path(cgroup))
+        shutil.rmtree(record.workdir, ignore_errors=True)
+        (state_dir() / f"{record.vm_id}.json").unlink(missing_ok=True)
+
+    def list_sandboxes(self, labels: dict[str, str]) -> list[Sandbox]:
+        found = []
+        for record in self._records():
+            if all(
+                record.labels.get(key) == value if value else key in record.labels
+                for key, value in labels.items()
+            ):
+                found.append(
+                    Sandbox(
+                        id=record.vm_id, name=record.name, runtime=self.name, labels=record.labels
+                    )
+                )
+        return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _rmdir_cgroup(path: Path) -> None:
+    for _ in range(50):
+        if not path.exists():
+            break
+        try:
+            path.rmdir()
+            break
+        except OSError:
+            time.sleep(0.02)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
+
+
+register_runtime("firecracker")(FirecrackerRuntime)
