@@ -27,12 +27,13 @@ class Frame:
 def parse_line(line: bytes) -> Frame:
     line = line.rstrip(b"\r\n")
     start = line.find(FRAME)
-    if start < 0 or len(line) < start + 4:
+    at = start + len(FRAME)
+    if start < 0 or len(line) <= at:
         return Frame("", line)
-    kind = chr(line[start + 3])
-    if kind not in KINDS or line[start + 4 : start + 5] not in (b" ", b""):
+    kind = chr(line[at])
+    if kind not in KINDS or line[at + 1 : at + 2] not in (b" ", b""):
         return Frame("", line)
-    return Frame(kind, line[start + 5 :])
+    return Frame(kind, line[at + 2 :])
 
 
 def encode(kind: str, payload: bytes = b"") -> bytes:

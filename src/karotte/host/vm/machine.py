@@ -87,6 +87,7 @@ class VmRuntime(Runtime, abc.ABC):
 
     def __init__(self) -> None:
         self.engine = DockerRuntime()
+        self._children: list[subprocess.Popen[bytes]] = []
 
     # -- VMM specifics --
     @abc.abstractmethod
@@ -188,6 +189,14 @@ class VmRuntime(Runtime, abc.ABC):
                 start_new_session=True,
             )
             (directory / "supervisor.pid").write_text(str(proc.pid))
+            self._children.append(proc)
+            marker = str(directory).encode()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    if marker in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+                        break  # exec'd: from now on liveness is checked by its command line
+                time.sleep(0.005)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -204,6 +213,8 @@ class VmRuntime(Runtime, abc.ABC):
             return None
 
     def _supervisor_alive(self, sandbox: Sandbox) -> bool:
+        for child in self._children:
+            child.poll()  # reap the supervisors this process started
         pid = _read_pid(self.sandbox_dir(sandbox.name) / "supervisor.pid")
         if pid is None:
             return False

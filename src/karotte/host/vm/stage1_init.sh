@@ -51,14 +51,14 @@ mount -t overlay overlay \
     -o "lowerdir=/mnt/root,upperdir=/mnt/scratch/upper,workdir=/mnt/scratch/work" /newroot \
     || fail "cannot mount the root overlay"
 mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/run /newroot/tmp
-mount --move /proc /newroot/proc
-mount --move /sys /newroot/sys
-mount --move /dev /newroot/dev
 mount -t tmpfs -o mode=0755,size=64m tmpfs /newroot/run
 mkdir -p -m 0700 /newroot/run/karotte /newroot/run/karotte/in
 mount -t ext4 -o ro "$IN" /newroot/run/karotte/in || fail "cannot mount the io drive $IN"
 cp /bin/busybox /karotte_init.py /newroot/run/karotte/
 echo "$OUT" > /newroot/run/karotte/out-device
+mount --move /proc /newroot/proc
+mount --move /sys /newroot/sys
+mount --move /dev /newroot/dev
 
 for py in /usr/bin/python3 /usr/local/bin/python3 /root/.venv/bin/python; do
     if [ -x "/newroot$py" ] || [ -L "/newroot$py" ]; then
