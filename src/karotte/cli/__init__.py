@@ -44,12 +44,21 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _register() -> None:
-    from karotte.cli import check, clean, env, models, run, runtime, tasks  # noqa: F401
+    from karotte.cli import check, clean, dashboard, env, models, plugins, run, runtime, tasks  # noqa: F401
+
+
+def _builtin_names() -> set[str]:
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    names |= {g.name or "" for g in app.registered_groups}
+    return {n.replace("_", "-") for n in names if n} | {n for n in names if n}
 
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     _register()
+    from karotte.plugins import add_cli_plugins
+
+    add_cli_plugins(app, _builtin_names())
     try:
         app()
     except KeyboardInterrupt:

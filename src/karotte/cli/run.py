@@ -115,6 +115,10 @@ def run(
         raise fail("--events takes rich, jsonl or none")
     with friendly_errors():
         config = _build_config(config_path, task, model, fake_model, api_key, transcript)
+        if not no_containerized:  # the launcher's side; the sandbox gets the result
+            from karotte.plugins import preprocess_run_config
+
+            config = preprocess_run_config(config)
     if no_containerized:
         _run_in_sandbox(config, events)
         return
@@ -133,7 +137,11 @@ def run(
     why = "asked for with --runtime"
     if runtime is None:
         runtime, why = select_default_runtime()
-    proxy_url = None if no_proxy else (proxy or config.proxy_url or os.environ.get(PROXY_ENV))
+    proxy_url = None
+    if not no_proxy:
+        from karotte.plugins import default_proxy_url
+
+        proxy_url = proxy or config.proxy_url or os.environ.get(PROXY_ENV) or default_proxy_url()
     with friendly_errors():
         options = LaunchOptions(
             runtime=runtime,

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from karotte import plugins
 from karotte.config import EvaluationRunConfig
 from karotte.errors import ConfigError, ErrorKind, KarotteError
 from karotte.events import (
@@ -226,6 +227,8 @@ class Launcher:
         self._cleaned = False
         self._proxy_relays: list[Any] = []
         self._caps: tuple[list[str], list[str]] | None = None
+        self.passthrough_devices: list[str] = []  # from hardware_limits plugins
+        self._plugin_run_args: list[str] | None = None
 
     # -- preparation --
     def check_runtime(self) -> None:
@@ -273,6 +276,8 @@ class Launcher:
                 "the sandbox gets the default limits. Run karotte from the environment's own "
                 "venv (`uv run karotte run ...` in the environment) so its tasks import."
             )
+        if hw is None:
+            hw = plugins.default_hardware()
         if hw is not None:
             if memory is None and hw.memory_gib:
                 memory = int(hw.memory_gib * GIB)
@@ -285,6 +290,14 @@ class Launcher:
         memory = memory or DEFAULT_MEMORY_BYTES
         pids = pids or DEFAULT_PIDS_LIMIT
         disk = disk or DEFAULT_DISK_BYTES
+        caps = plugins.hardware_limits(hw)
+        if caps.memory_gib is not None:
+            memory = min(memory, int(caps.memory_gib * GIB))
+        if caps.disk_gib is not None:
+            disk = min(disk, int(caps.disk_gib * GIB))
+        if caps.cpus is not None:
+            cpus = min(cpus, caps.cpus) if cpus is not None else caps.cpus
+        self.passthrough_devices = caps.passthrough
         # the disk budget is split between parallel runs: N runs never take more than half of
         # what is free where their output and tmpfs data land
         free = shutil.disk_usage(self.out_dir if self.out_dir.exists() else Path(".")).free
@@ -406,12 +419,23 @@ class Launcher:
             pids_limit=engine_pids_limit(pids, self.runtime.sandbox_kind),
             disk_bytes=disk,
             cap_add=caps,
-            devices=devices,
+            devices=[*devices, *self.passthrough_devices],
+            extra_args=self.plugin_run_args(),
             network="none",
             init=True,
             tmpfs={"/tmp": tmp_bytes, "/dev/shm": min(SHM_BYTES, tmp_bytes)},
             cgroup_parent=cgroup_parent,
         )
+
+    def plugin_run_args(self) -> list[str]:
+        """Engine arguments from ``karotte.container_run_args`` plugins (asked once; a plugin
+        that raises refuses the launch)."""
+        if self._plugin_run_args is None:
+            task, _problem = load_task(self.base_config)
+            self._plugin_run_args = plugins.container_run_args(
+                task if task is not None else self.base_config.task_id, self.runtime.name
+            )
+        return self._plugin_run_args
 
     def capabilities(self) -> tuple[list[str], list[str]]:
         """What the harness needs, minus what this host cannot grant (said once, loudly)."""
@@ -737,15 +761,27 @@ def engine_pids_limit(pids: int, sandbox_kind: str) -> int:
     return pids * GVISOR_HOST_PIDS_FACTOR if sandbox_kind == "gvisor" else pids
 
 
-def task_hardware(config: EvaluationRunConfig) -> tuple[Any, str | None]:
-    """The task's ``required_hardware`` and, when it can't be read here, why."""
+def load_task(config: EvaluationRunConfig) -> tuple[Any, str | None]:
+    """The task instance (None when it can't be imported here) and, then, why."""
     try:
         from karotte.discovery import find_task
 
-        return find_task(config.task_id)(config).required_hardware, None
+        return find_task(config.task_id)(config), None
+    except Exception as exc:
+        log.debug("the task does not load on the host: %s", exc)
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def task_hardware(config: EvaluationRunConfig) -> tuple[Any, str | None]:
+    """The task's ``required_hardware`` and, when it can't be read here, why."""
+    task, problem = load_task(config)
+    if task is None:
+        return None, problem
+    try:
+        return task.required_hardware, None
     except Exception as exc:
         log.debug("required_hardware unavailable on the host: %s", exc)
-        return None, str(exc).splitlines()[0]
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def installed_environment_path(runtime: Runtime, image: str) -> str:

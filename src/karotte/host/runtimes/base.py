@@ -69,6 +69,8 @@ class SandboxSpec(BaseModel):
     tmpfs: dict[str, int] = Field(default_factory=dict)  # mount point -> size in bytes
     cgroup_parent: str | None = None
     workdir: str | None = None
+    # engine arguments from karotte.container_run_args plugins (OCI engines only)
+    extra_args: list[str] = Field(default_factory=list)
 
 
 class Sandbox(BaseModel):

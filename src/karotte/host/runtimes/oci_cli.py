@@ -333,6 +333,7 @@ class OciCliRuntime(Runtime):
             args.append(f"--cgroup-parent={spec.cgroup_parent}")
         if spec.workdir:
             args += ["--workdir", spec.workdir]
+        args += spec.extra_args
         args += ["--", spec.image, *spec.command]
         return self.command(*args), secret_env
 

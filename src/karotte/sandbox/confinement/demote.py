@@ -120,8 +120,13 @@ def current_identity() -> Identity:
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether an environment variable name looks like a secret or harness-internal setting."""
-    return bool(_SECRET_NAME.search(name))
+    """Whether an environment variable name looks like a secret or harness-internal setting,
+    or is named secret by a ``karotte.harness_secret_env`` plugin."""
+    if _SECRET_NAME.search(name):
+        return True
+    from karotte.plugins import harness_secret_env
+
+    return name in harness_secret_env()
 
 
 def safe_system_path() -> list[str]:
