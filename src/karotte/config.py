@@ -65,6 +65,16 @@ class EvaluationRunConfig(BaseModel):
     student_network: StudentNetwork = "strict"
     proxy_url: str | None = None
     backend_uri: str | None = None
+    # the run backend (docs/backend.md): bearer token file (re-read on every request), how long an
+    # outage is bridged (events queue locally meanwhile), and how long the end of a run waits for
+    # the last events and the artifacts to be delivered
+    backend_token_file: Path | None = None
+    backend_retry_budget_s: float = Field(default=300.0, ge=0)
+    backend_flush_timeout_s: float = Field(default=30.0, ge=0)
+    # who plays the student: "builtin" (a model through model_client) or "external" (a trainer
+    # posts each assistant message to the backend; needs backend_uri)
+    agent: str = Field(default="builtin", pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    external_agent_timeout_s: float = Field(default=600.0, gt=0)
 
     @field_validator("transcript_file")
     @classmethod
