@@ -1,6 +1,7 @@
 """Sandbox runtimes, registered by name: ``docker``, ``podman``, ``docker:gvisor``, ``local``."""
 
 from karotte.host.runtimes import (  # noqa: F401  (registration)
+    apple_container,
     docker,
     firecracker,
     local,
