@@ -44,7 +44,18 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _register() -> None:
-    from karotte.cli import check, clean, dashboard, env, models, plugins, run, runtime, tasks  # noqa: F401
+    from karotte.cli import (  # noqa: F401
+        check,
+        clean,
+        dashboard,
+        doctor,
+        env,
+        models,
+        plugins,
+        run,
+        runtime,
+        tasks,
+    )
 
 
 def _builtin_names() -> set[str]:

@@ -162,6 +162,55 @@ class FirecrackerRuntime(Runtime):
             fix="use `--runtime qemu` for a VM, or docker / docker:gvisor",
         )
 
+    def diagnose(self) -> list[dict[str, object]]:
+        """Every piece this runtime needs, each with ok, detail and the exact fix."""
+        pieces: list[dict[str, object]] = []
+
+        def add(piece: str, ok: bool, detail: str, fix: str = "") -> None:
+            pieces.append({"piece": piece, "ok": ok, "detail": detail, "fix": "" if ok else fix})
+
+        if (why := host_supported()) is not None:
+            add("host", False, why, "use docker")
+            return pieces
+        names = ["firecracker", "jailer"] if self.use_jailer else ["firecracker"]
+        for name in names:
+            try:
+                found = find_binary(name)
+                add(name, True, f"{found.path} ({found.origin}, SHA-256 verified)")
+            except ArtifactError as exc:
+                reason, _, fix = str(exc).partition("\nfix: ")
+                add(name, False, reason, fix)
+        try:
+            kernel = find_kernel()
+            add(
+                "guest kernel",
+                True,
+                f"{kernel.path} ({kernel.origin}, SHA-256 {kernel.sha256[:12]}…)",
+            )
+        except ArtifactError as exc:
+            reason, _, fix = str(exc).partition("\nfix: ")
+            add("guest kernel", False, reason, fix)
+        from karotte.host.boot_probe import firecracker_boot_probe, kvm_problem
+
+        kvm = kvm_problem()
+        add(
+            "/dev/kvm",
+            kvm is None,
+            kvm or "present and read/writable (which alone proves nothing)",
+            "enable VT-x/AMD-V and load kvm_intel/kvm_amd, or join the `kvm` group",
+        )
+        if all(piece["ok"] for piece in pieces):
+            probe = firecracker_boot_probe()
+            add("guest boots (probe)", probe.ok, probe.reason, NOT_BOOTING_FIX)
+        add(
+            "guest path (VM layer)",
+            False,
+            "the firecracker runtime's guest path is not wired to karotte.host.vm yet "
+            "(control plane only)",
+            "use `--runtime qemu` for a VM",
+        )
+        return pieces
+
     def _refuse(self, what: str) -> NoReturn:
         availability = self.availability()
         raise RuntimeUnavailableError(
