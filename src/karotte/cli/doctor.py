@@ -111,34 +111,40 @@ def doctor_command(
 
 def _print(report: dict[str, Any]) -> None:
     console = Console(highlight=False, soft_wrap=True)
-    table = Table(title="sandbox runtimes on this machine", show_lines=True)
-    table.add_column("runtime", style="bold")
-    table.add_column("works here")
-    table.add_column("isolation")
-    table.add_column("why not / fix")
-    for row in sorted(report["runtimes"], key=lambda r: (-r["isolation_strength"], r["runtime"])):
+    rows = sorted(report["runtimes"], key=lambda r: (-r["isolation_strength"], r["runtime"]))
+    table = Table(title="sandbox runtimes on this machine", title_justify="left")
+    table.add_column("runtime", style="bold", no_wrap=True)
+    table.add_column("works here", no_wrap=True)
+    table.add_column("isolation", no_wrap=True)
+    for row in rows:
         works = "[green]yes[/]" if row["works"] else "[red]no[/]"
-        isolation = f"{row['isolation']}: {escape(row['isolation_detail'])}"
-        if row["works"]:
-            notes = escape(row["reason"])
-        else:
-            notes = f"[red]{escape(row['reason'])}[/]\n[bold]fix:[/] {escape(row['fix'])}"
-        for piece in row.get("pieces", []):
-            mark = "[green]ok[/]" if piece["ok"] else "[red]missing[/]"
-            notes += f"\n  {mark} {escape(piece['piece'])}: {escape(piece['detail'])}"
-            if not piece["ok"] and piece.get("fix"):
-                notes += f"\n     [bold]fix:[/] {escape(piece['fix'])}"
-        table.add_row(row["runtime"], works, isolation, notes)
+        table.add_row(row["runtime"], works, f"{row['isolation_strength']} {row['isolation']}")
     console.print(table)
+    console.print("isolation: 3 VM (own kernel) > 2 user-space kernel > 1 container > 0 none\n")
+    for row in rows:
+        head = "[green]works[/]" if row["works"] else "[red]does not work here[/]"
+        console.print(
+            f"[bold]{escape(row['runtime'])}[/] {head}; {escape(row['isolation_detail'])}"
+        )
+        if row["reason"] and not row.get("pieces"):
+            console.print(f"  {escape(row['reason'])}")
+        if not row["works"] and row["fix"] and not row.get("pieces"):
+            console.print(f"  [bold]fix:[/] {escape(row['fix'])}")
+        for piece in row.get("pieces", []):
+            mark = "[green]ok[/]     " if piece["ok"] else "[red]missing[/]"
+            console.print(f"  {mark} {escape(piece['piece'])}: {escape(piece['detail'])}")
+            if not piece["ok"] and piece.get("fix"):
+                console.print(f"          [bold]fix:[/] {escape(piece['fix'])}")
     default = report["default_runtime"]
     state = "[green]works[/]" if default["works"] else "[red]does not work here[/]"
     console.print(
-        f"default runtime: [bold]{escape(default['runtime'])}[/] ({state}): "
+        f"\ndefault runtime: [bold]{escape(default['runtime'])}[/] ({state}): "
         f"{escape(default['why'])}"
     )
     probe = report["firecracker_boot_probe"]
     cached = ", cached" if probe.get("cached") else ""
     console.print(
         f"firecracker boot probe: {'[green]boots[/]' if probe['ok'] else '[red]no[/]'} "
-        f"({probe['stage']}{cached}, {probe['duration_s']:.1f} s): {escape(probe['reason'])}"
+        f"({probe['stage']}{cached}, {probe['duration_s']:.1f} s); "
+        "`karotte doctor --refresh` probes again"
     )
