@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -70,9 +73,26 @@ class FirecrackerApi:
     def __init__(self, socket_path: Path, timeout_s: float = 10.0) -> None:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
+        self._short_dir: Path | None = None
+
+    def _connect_path(self) -> Path:
+        """``socket_path``, or a short alias of it: a unix socket address holds at most 107
+        bytes, and a jail's socket (``BASE/firecracker/ID/root/run/api.sock``) can be longer.
+        The alias is a symlink to the socket's directory in a private temp dir."""
+        if len(os.fsencode(self.socket_path)) < 100:
+            return self.socket_path
+        if self._short_dir is None:
+            self._short_dir = Path(tempfile.mkdtemp(prefix="kfc-", dir="/tmp"))
+            (self._short_dir / "d").symlink_to(self.socket_path.parent)
+        return self._short_dir / "d" / self.socket_path.name
+
+    def close(self) -> None:
+        if self._short_dir is not None:
+            shutil.rmtree(self._short_dir, ignore_errors=True)
+            self._short_dir = None
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        conn = _UnixHTTPConnection(self.socket_path, self.timeout_s)
+        conn = _UnixHTTPConnection(self._connect_path(), self.timeout_s)
         try:
             payload = json.dumps(body).encode() if body is not None else None
             headers = {"Accept": "application/json"}

@@ -159,8 +159,9 @@ class FirecrackerVM:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def command(self) -> list[str]:
-        fc_args = ["--id", self.vm_id, "--level", "Info"]
+        fc_args = ["--level", "Info"]
         if self.jailer is None:
+            fc_args = ["--id", self.vm_id, *fc_args]  # the jailer passes --id itself
             return [
                 str(self.firecracker),
                 "--api-sock",
@@ -382,6 +383,8 @@ class FirecrackerVM:
     def cleanup(self) -> None:
         """Kill the VMM if needed and remove its socket, work dir, chroot and cgroups."""
         self.kill()
+        if self.api is not None:
+            self.api.close()
         for handle in self._files:
             with contextlib.suppress(OSError):
                 handle.close()

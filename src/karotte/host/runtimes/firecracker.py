@@ -40,7 +40,7 @@ from karotte.host.firecracker.artifacts import (
     find_kernel,
     host_supported,
 )
-from karotte.host.firecracker.vmm import FirecrackerVM, JailerConfig
+from karotte.host.firecracker.vmm import DEFAULT_CHROOT_BASE, FirecrackerVM, JailerConfig
 from karotte.host.runtimes.base import (
     Availability,
     ExecResult,
@@ -252,6 +252,9 @@ class FirecrackerRuntime(Runtime):
         if self.use_jailer:
             jail = JailerConfig(
                 jailer=find_binary("jailer", fetch=True).path,
+                chroot_base=Path(
+                    os.environ.get("KAROTTE_JAILER_CHROOT_BASE") or DEFAULT_CHROOT_BASE
+                ),
                 memory_bytes=(spec.memory_bytes or DEFAULT_MEMORY_BYTES)
                 + GUEST_KERNEL_OVERHEAD_BYTES
                 + 256 * (1 << 20),  # the VMM's own memory next to the guest's
@@ -339,12 +342,15 @@ class FirecrackerRuntime(Runtime):
             return
         from karotte.host.firecracker.api import FirecrackerApi, FirecrackerApiError
 
-        with contextlib.suppress(FirecrackerApiError):
-            api = FirecrackerApi(Path(record.socket), timeout_s=2)
-            if api.instance_info().get("state") == "Running":
-                api.send_ctrl_alt_del()
-                with contextlib.suppress(TimeoutError):
-                    self.wait(sandbox, timeout_s)
+        api = FirecrackerApi(Path(record.socket), timeout_s=2)
+        try:
+            with contextlib.suppress(FirecrackerApiError):
+                if api.instance_info().get("state") == "Running":
+                    api.send_ctrl_alt_del()
+                    with contextlib.suppress(TimeoutError):
+                        self.wait(sandbox, timeout_s)
+        finally:
+            api.close()
         self._kill(record)
 
     def _kill(self, record: VmRecord) -> None:
