@@ -19,9 +19,10 @@ test *ARGS:
 test-fast *ARGS:
     pytest -m "not slow" {{ARGS}}
 
-# create an environment from TEMPLATE in a temp dir against this checkout, run its lint and tests;
-# with IMAGE=yes also build its image and replay the fake model in a sandbox (needs docker/podman)
-test-template TEMPLATE="default" IMAGE="no":
+# create an environment from TEMPLATE (stacked on the templates it requires, e.g. default) in a
+# temp dir against this checkout, run its lint and tests; with IMAGE=yes also build its image
+# and replay the fake model in a sandbox for each of TASKS (space-separated task ids)
+test-template TEMPLATE="default" IMAGE="no" TASKS="example-task":
     #!/usr/bin/env bash
     set -euo pipefail
     unset VIRTUAL_ENV
@@ -36,5 +37,7 @@ test-template TEMPLATE="default" IMAGE="no":
     uv run just test
     if [ "{{IMAGE}}" = "yes" ]; then
         uv run karotte build
-        uv run karotte run --fake-model --task example-task --transcript "$tmp/transcript.json"
+        for task in {{TASKS}}; do
+            uv run karotte run --fake-model --task "$task" --transcript "$tmp/$task.json"
+        done
     fi

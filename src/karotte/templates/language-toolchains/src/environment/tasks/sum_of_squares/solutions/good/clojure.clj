@@ -1,0 +1,2 @@
+(let [n (Long/parseLong (.trim (read-line)))]
+  (println (reduce + (map #(* % %) (range 1 (inc n))))))

@@ -1,0 +1,261 @@
+"""The `language-toolchains` template: rendering (fast) and, with Docker, its image: built once
+per session, then one container per toolchain that grants the toolchain like the task's
+pre_hook, builds and runs the scripted solution as the student, grades a good and a wrong
+solution with the task's judge, and tries every other toolchain as the student. Plus a few
+full `karotte run --fake-model` runs in sandboxes (the build tool over MCP, custody, judge)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import karotte.cli.env  # noqa: F401  (registers the commands)
+from karotte.cli import app
+
+KAROTTE = str(Path(sys.executable).parent / "karotte")
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "src/karotte/templates/language-toolchains"
+TAG = f"karotte-test/language-toolchains-{os.getpid()}:latest"
+
+# What the student can use in a task of each toolchain (the grants of TOOLCHAINS.md): its own
+# toolchain, plus C and C++ where the toolchain needs GCC's C compiler (GnuCOBOL compiles via C).
+C_FAMILY = {"c", "cpp"}
+ALL = [
+    "c",
+    "cpp",
+    "cobol",
+    "prolog",
+    "pascal",
+    "java",
+    "clojure",
+    "go",
+    "rust",
+    "haskell",
+    "ocaml",
+    "common-lisp",
+]
+REACHABLE = {name: {name} for name in ALL}
+REACHABLE["c"] = REACHABLE["cpp"] = C_FAMILY
+REACHABLE["cobol"] = {"cobol", *C_FAMILY}
+# full sandbox runs (the others are covered by the per-toolchain container): one per back end
+E2E = ["c", "haskell", "java", "go"]
+
+
+def _render(tmp_path: Path) -> Path:
+    target = tmp_path / "env"
+    result = CliRunner().invoke(
+        app,
+        [
+            "create-env",
+            str(target),
+            "--template",
+            "default",
+            "--template",
+            "language-toolchains",
+            "--no-lock",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return target
+
+
+def test_template_declares_itself() -> None:
+    text = (TEMPLATE_DIR / "template.toml").read_text()
+    assert 'requires = ["default"]' in text
+    assert "description" in text
+    listing = CliRunner().invoke(app, ["templates", "list", "--json"])
+    assert listing.exit_code == 0, listing.output
+    assert "language-toolchains" in listing.output
+
+
+def test_renders_on_top_of_default(tmp_path: Path) -> None:
+    env = _render(tmp_path)
+    containerfile = (env / "Containerfile").read_text()
+    # the default's image with the toolchains in its system_packages block ...
+    for package in ("gnucobol", "gprolog", "fp-compiler", "openjdk-17-jdk-headless", "ghc"):
+        assert package in containerfile
+    assert containerfile.index("apt-get install") < containerfile.index("useradd")
+    # ... and the lock step before the default's last step, the image check
+    lock = containerfile.index("-m environment.toolchains lock")
+    assert lock < containerfile.index("karotte check --image")
+    assert containerfile.rstrip().endswith("RUN /root/.venv/bin/karotte check --image")
+    # the fake model keeps the default's example-task script and adds the toolchain tasks
+    fake = (env / "src/environment/fake_model.py").read_text()
+    assert "def _example_task" in fake and "messages_for" in fake
+    for name in ("THIRD_PARTY.md", "TOOLCHAINS.md", "src/environment/tools/__init__.py"):
+        assert (env / name).is_file(), name
+
+
+def test_third_party_lists_the_licenses() -> None:
+    text = (TEMPLATE_DIR / "THIRD_PARTY.md").read_text()
+    for fact in (
+        "GCC Runtime Library Exception",
+        "Classpath exception",
+        "EPL-1.0",
+        "static-linking exception",
+        "LGPL-2.1 with the OCaml linking exception",
+        "public domain",
+        "MIT or Apache-2.0",
+        "GPL-3+",
+        "Julia",
+        "Mojo",
+    ):
+        assert fact in text, fact
+
+
+def test_toolchain_choice_is_validated(tmp_path: Path, use_environment: Any) -> None:
+    env = _render(tmp_path)
+    use_environment(env / "src")
+    from environment.toolchains import ToolchainError, get_toolchain  # type: ignore[import-not-found]
+
+    assert [get_toolchain(name).name for name in ALL] == ALL
+    with pytest.raises(ToolchainError, match=r"unknown toolchain 'fortran'; choose one of: c, cpp"):
+        get_toolchain("fortran")
+    with pytest.raises(ToolchainError, match="Debian bookworm has no julia package"):
+        get_toolchain("julia")
+    with pytest.raises(ToolchainError, match="proprietary"):
+        get_toolchain("mojo")
+
+
+# --- the image ---------------------------------------------------------------------------------
+
+
+def _docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def toolchain_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("toolchains") / "toolchains-env"
+    proc = subprocess.run(
+        [
+            KAROTTE,
+            "create-env",
+            str(target),
+            "--template",
+            "default",
+            "--template",
+            "language-toolchains",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return target
+
+
+@pytest.fixture(scope="session")
+def toolchain_image(toolchain_env: Path) -> dict[str, Any]:
+    """Built once per session; its build time and size are recorded in the first test."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [KAROTTE, "build", "--runtime", "docker", "--tag", TAG, str(toolchain_env)],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    size = int(_docker("image", "inspect", "--format", "{{.Size}}", TAG).stdout.strip())
+    yield {"tag": TAG, "build_seconds": seconds, "size_bytes": size}
+    _docker("image", "rm", "-f", TAG)
+
+
+def _in_image(image: str, *command: str, user: str = "root") -> Any:
+    proc = _docker(
+        "run",
+        "--rm",
+        "--network=none",
+        "--user",
+        user,
+        "--workdir",
+        "/workdir",
+        image,
+        "/root/.venv/bin/python" if user == "root" else "python3",
+        "-I",
+        *command,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.requires_docker
+@pytest.mark.slow
+def test_image_builds_and_locks_every_toolchain(
+    toolchain_image: dict[str, Any], record_property: Any
+) -> None:
+    record_property("build_seconds", round(toolchain_image["build_seconds"], 1))
+    record_property("size_bytes", toolchain_image["size_bytes"])
+    print(
+        f"\nlanguage-toolchains image: built in {toolchain_image['build_seconds']:.0f}s, "
+        f"{toolchain_image['size_bytes'] / 1e9:.2f} GB"
+    )
+    assert toolchain_image["size_bytes"] < 6e9
+    # as built (before any task's pre_hook), the student reaches no toolchain at all
+    probes = _in_image(toolchain_image["tag"], "-m", "environment.toolchains", "probe")
+    assert sorted(probes) == sorted(ALL)
+    for name, probe in probes.items():
+        assert not probe["works"], (name, probe)
+        assert "Permission denied" in probe["output"] or "denied" in probe["output"], (name, probe)
+
+
+@pytest.mark.requires_docker
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL)
+def test_toolchain_in_image(toolchain_image: dict[str, Any], name: str) -> None:
+    report = _in_image(toolchain_image["tag"], "-m", "environment.toolchains", "selftest", name)
+    build = report["build"]
+    assert build["compile_ok"], build
+    assert build["run_exit"] == 0 and build["run_output"].strip() == "14", build
+    assert report["score_good"] == 1.0, report["score_good_metadata"]
+    assert report["score_wrong"] == 0.0, report["score_wrong_metadata"]
+    reachable = {other for other, probe in report["probes"].items() if probe["works"]}
+    assert reachable == REACHABLE[name], report["probes"]
+    for other in set(ALL) - REACHABLE[name]:
+        assert "denied" in report["probes"][other]["output"], (other, report["probes"][other])
+
+
+@pytest.mark.requires_docker
+@pytest.mark.slow
+@pytest.mark.parametrize("name", E2E)
+def test_fake_model_run_in_a_sandbox(
+    toolchain_image: dict[str, Any], toolchain_env: Path, tmp_path: Path, name: str
+) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            KAROTTE,
+            "run",
+            "--task",
+            f"sum-of-squares-{name}",
+            "--fake-model",
+            "--runtime",
+            "docker",
+            "--image",
+            toolchain_image["tag"],
+            "--out",
+            str(out),
+            "--no-ui",
+        ],
+        cwd=toolchain_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    transcript = json.loads((out / "transcript.json").read_text())
+    completed = next(e for e in reversed(transcript["events"]) if e["type"] == "task_completed")
+    assert transcript["status"] == "passed", completed
+    assert completed["scores"] == [1.0]
+    # the build tool ran the program for the model: its output (14) came back
+    text = json.dumps(transcript["events"])
+    assert "[exit code 0]" in text and "14" in text
