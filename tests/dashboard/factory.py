@@ -33,7 +33,6 @@ from karotte.sandbox.transcript import EventRecorder
 from karotte.schemas import Message, assistant, tool_call
 
 
-
 def png(width: int = 48, height: int = 32) -> bytes:
     """A small checkered RGB PNG (so an inline image is visible in screenshots)."""
 
