@@ -21,6 +21,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import time
@@ -39,6 +40,7 @@ from karotte.host.firecracker.artifacts import (
     find_binary,
     find_kernel,
     host_supported,
+    sha256_file,
 )
 from karotte.host.firecracker.vmm import DEFAULT_CHROOT_BASE, FirecrackerVM, JailerConfig
 from karotte.host.runtimes.base import (
@@ -51,6 +53,7 @@ from karotte.host.runtimes.base import (
     register_runtime,
 )
 from karotte.host.runtimes.docker import DockerRuntime
+from karotte.host.vm.machine import VmLayout, VmRuntime
 
 GIB = 1 << 30
 GUEST_KERNEL_OVERHEAD_BYTES = GIB  # the guest kernel + init get 1 GiB on top of the sandbox
@@ -111,6 +114,90 @@ def vm_layer_available() -> bool:
     return importlib.util.find_spec("karotte.host.vm") is not None
 
 
+GUEST_BOOT_ARGS = (
+    "console=ttyS0 reboot=k panic=1 pci=off quiet i8042.noaux "
+    "karotte.root=/dev/vda karotte.scratch=/dev/vdb karotte.in=/dev/vdc karotte.out=/dev/vdd "
+    "karotte.channel=/dev/ttyS0"
+)
+
+
+def firecracker_config(layout: VmLayout, kernel: Path) -> dict[str, object]:
+    """Firecracker's ``--config-file`` for one VM-layer sandbox: the four drives in the order
+    the guest's stage-1 init expects them (``/dev/vda`` … ``vdd``, named on the command line:
+    Firecracker's drives carry no serial), no network, serial = the channel."""
+    drives = [
+        ("root", layout.root, True),
+        ("scratch", layout.scratch, False),
+        ("in", layout.io_in, True),
+        ("out", layout.out, False),
+    ]
+    return {
+        "boot-source": {
+            "kernel_image_path": str(kernel),
+            "initrd_path": str(layout.kernel.initramfs),
+            "boot_args": GUEST_BOOT_ARGS,
+        },
+        "drives": [
+            {
+                "drive_id": name,
+                "path_on_host": str(path),
+                "is_root_device": False,
+                "is_read_only": read_only,
+            }
+            for name, path, read_only in drives
+        ],
+        "machine-config": {"vcpu_count": layout.vcpus, "mem_size_mib": layout.memory_mib},
+    }
+
+
+class FirecrackerGuests(VmRuntime):
+    """The guest path: the shared VM layer (drives, guest init, channel, watchdog, ``/out``)
+    with Firecracker as the VMM, started from a config file (``--no-api``) by the supervisor.
+    Its serial console (the guest's ``ttyS0``: kernel messages and the channel's frames) is
+    appended to the sandbox's ``channel.log``; ``console.log`` points at the same file."""
+
+    name: ClassVar[str] = "firecracker"
+    sandbox_kind: ClassVar[str] = "firecracker"
+
+    def availability(self) -> Availability:  # the owning FirecrackerRuntime decides
+        return Availability(ok=True)
+
+    def vmm_argv(self, layout: VmLayout) -> list[str]:
+        firecracker = find_binary("firecracker")
+        kernel = find_kernel()
+        if sha256_file(layout.kernel.vmlinux) != kernel.sha256:
+            raise RuntimeUnavailableError(
+                f"the Firecracker guest kernel {kernel.path} is not the kernel of the VM layer's "
+                f"initramfs ({layout.kernel.vmlinux}, {layout.kernel.version}): its modules "
+                "would not load\nfix: rerun `sudo scripts/setup-vm.sh`, then "
+                "`sudo scripts/setup-firecracker.sh` (it takes the VM layer's kernel)"
+            )
+        config = layout.directory / "firecracker.json"
+        config.write_text(json.dumps(firecracker_config(layout, kernel.path), indent=1))
+        log = layout.directory / "firecracker.log"
+        log.touch()
+        with contextlib.suppress(FileExistsError):
+            layout.console_log.symlink_to(layout.channel_log.name)
+        # firecracker writes the guest's serial console on its stdout: into the channel log
+        return [
+            "/bin/sh",
+            "-c",
+            'out=$1; shift; exec "$@" >>"$out"',
+            "karotte-firecracker",
+            str(layout.channel_log),
+            str(firecracker.path),
+            "--no-api",
+            "--config-file",
+            str(config),
+            "--id",
+            re.sub(r"[^A-Za-z0-9-]", "-", layout.directory.name)[:64],
+            "--log-path",
+            str(log),
+            "--level",
+            "Warning",
+        ]
+
+
 class FirecrackerRuntime(Runtime):
     name: ClassVar[str] = "firecracker"
     sandbox_kind: ClassVar[str] = "firecracker"
@@ -120,6 +207,7 @@ class FirecrackerRuntime(Runtime):
         # the jailer needs root (chroot, cgroups, mknod); it is used whenever we are root
         self.use_jailer = os.geteuid() == 0 if use_jailer is None else use_jailer
         self._images = DockerRuntime()
+        self._guest_runtime: FirecrackerGuests | None = None
 
     # ---- availability ------------------------------------------------------------------------
     def availability(self) -> Availability:
@@ -152,14 +240,13 @@ class FirecrackerRuntime(Runtime):
             return Availability(
                 ok=False,
                 reason="guests boot here, but this karotte has no VM layer (karotte.host.vm) "
-                "to run the harness in a guest yet",
+                "to run the harness in a guest",
                 fix="update karotte; meanwhile use docker or docker:gvisor",
             )
         return Availability(
-            ok=False,
-            reason="guests boot here, but the firecracker runtime is not wired to the VM layer "
-            "yet (only its control plane exists)",
-            fix="use `--runtime qemu` for a VM, or docker / docker:gvisor",
+            ok=True,
+            reason=f"Firecracker microVM: {probe.reason} (the guest path shares the VM layer "
+            "with qemu; it could not be tested end to end where karotte was developed)",
         )
 
     def diagnose(self) -> list[dict[str, object]]:
@@ -204,10 +291,12 @@ class FirecrackerRuntime(Runtime):
             add("guest boots (probe)", probe.ok, probe.reason, NOT_BOOTING_FIX)
         add(
             "guest path (VM layer)",
-            False,
-            "the firecracker runtime's guest path is not wired to karotte.host.vm yet "
-            "(control plane only)",
-            "use `--runtime qemu` for a VM",
+            vm_layer_available(),
+            "karotte.host.vm (drives, guest init, serial channel, watchdog) with Firecracker "
+            "as the VMM"
+            if vm_layer_available()
+            else "karotte.host.vm is missing",
+            "update karotte",
         )
         return pieces
 
@@ -292,8 +381,20 @@ class FirecrackerRuntime(Runtime):
         return sandbox, vm
 
     # ---- sandboxes ---------------------------------------------------------------------------
+    def _guests(self) -> FirecrackerGuests:
+        if self._guest_runtime is None:
+            self._guest_runtime = FirecrackerGuests()
+        return self._guest_runtime
+
+    @staticmethod
+    def _is_guest(sandbox: Sandbox) -> bool:
+        return sandbox.id.startswith("vm-")  # the VM layer's ids; the control plane's are k-…
+
     def start(self, spec: SandboxSpec) -> Sandbox:
-        self._refuse(f"start sandbox {spec.name}")
+        """Refused (with the probe's reason) unless a Firecracker guest really boots here."""
+        if not self.availability().ok:
+            self._refuse(f"start sandbox {spec.name}")
+        return self._guests().start(spec)
 
     def exec(
         self,
@@ -302,12 +403,17 @@ class FirecrackerRuntime(Runtime):
         user: str | None = None,
         timeout_s: float | None = None,
     ) -> ExecResult:
-        self._refuse("exec in a guest")
+        return self._guests().exec(sandbox, argv, user, timeout_s)
 
     def stream_output(
         self, sandbox: Sandbox, on_stderr: OutputCallback | None = None
     ) -> Iterator[bytes]:
-        self._refuse("stream a guest's output")
+        if not self._is_guest(sandbox):
+            raise RuntimeUnavailableError(
+                f"{sandbox.name} is a bare Firecracker VMM (control plane): it has no harness "
+                "output; its serial console is in its work dir"
+            )
+        return self._guests().stream_output(sandbox, on_stderr)
 
     def _records(self) -> list[VmRecord]:
         records = []
@@ -328,6 +434,8 @@ class FirecrackerRuntime(Runtime):
         return record.pid_start != "" and _pid_start(record.pid) == record.pid_start
 
     def wait(self, sandbox: Sandbox, timeout_s: float | None = None) -> int:
+        if self._is_guest(sandbox):
+            return self._guests().wait(sandbox, timeout_s)
         record = self._record(sandbox)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while record is not None and self._alive(record):
@@ -337,6 +445,9 @@ class FirecrackerRuntime(Runtime):
         return 0 if record is not None else -1
 
     def stop(self, sandbox: Sandbox, timeout_s: float = 10) -> None:
+        if self._is_guest(sandbox):
+            self._guests().stop(sandbox, timeout_s)
+            return
         record = self._record(sandbox)
         if record is None or not self._alive(record):
             return
@@ -366,6 +477,9 @@ class FirecrackerRuntime(Runtime):
 
     def remove(self, sandbox: Sandbox) -> None:
         """Kill the VMM and remove its socket, work dir, jail and cgroups (idempotent)."""
+        if self._is_guest(sandbox):
+            self._guests().remove(sandbox)
+            return
         record = self._record(sandbox)
         if record is None:
             return
@@ -380,7 +494,7 @@ class FirecrackerRuntime(Runtime):
         (state_dir() / f"{record.vm_id}.json").unlink(missing_ok=True)
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[Sandbox]:
-        found = []
+        found = self._guests().list_sandboxes(labels)
         for record in self._records():
             if all(
                 record.labels.get(key) == value if value else key in record.labels
