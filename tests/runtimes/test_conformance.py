@@ -299,8 +299,11 @@ def test_default_runtime_selection_says_why() -> None:
 
     name, why = select_default_runtime()
     if os.uname().sysname == "Linux":
-        assert name == "docker"
-        assert "no boot probe yet" in why
+        from karotte.host.boot_probe import firecracker_boot_probe
+
+        probe = firecracker_boot_probe()  # the cached boot probe decides, not /dev/kvm
+        assert name == ("firecracker" if probe.ok else "docker")
+        assert "boot probe" in why or "Firecracker" in why or "guest kernel" in why
 
 
 def test_docker_cli_env_overrides_only_this_instance() -> None:
