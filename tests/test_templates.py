@@ -145,6 +145,31 @@ def test_entry_point_templates_are_found(tmp_path: Path, monkeypatch: pytest.Mon
     sys.modules.pop("acme_templates", None)
 
 
+def test_broken_or_clashing_template_packages_are_skipped_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from karotte.plugins import plugin_warnings
+
+    site = tmp_path / "site"
+    _fake_distribution(site)
+    dist_info = site / "bad_templates-0.1.dist-info"
+    write(dist_info / "METADATA", "Metadata-Version: 2.1\nName: bad-templates\nVersion: 0.1\n")
+    write(
+        dist_info / "entry_points.txt",
+        "[karotte.templates]\ngone = bad_templates_missing.gone\ndefault = acme_templates.acme\n",
+    )
+    monkeypatch.syspath_prepend(str(site))
+    templates = discover_templates()
+    assert "acme" in templates  # the healthy package still works
+    assert "gone" not in templates
+    assert templates["default"].distribution != "bad-templates"  # Karotte's own is kept
+    warnings = "\n".join(plugin_warnings())
+    assert "template 'gone' of bad-templates" in warnings and "does not load" in warnings
+    assert "template 'default' from bad-templates is skipped: it clashes" in warnings
+    sys.modules.pop("acme_templates.acme", None)
+    sys.modules.pop("acme_templates", None)
+
+
 def test_templates_list_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_distribution(tmp_path / "site")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))

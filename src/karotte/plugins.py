@@ -96,7 +96,8 @@ def plugin_warnings() -> list[str]:
     return list(_warnings)
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """Record (once) and print a warning about a plugin that is skipped."""
     if message not in _warnings:
         _warnings.append(message)
         print(f"[karotte] warning: {message}", file=sys.stderr)
@@ -144,7 +145,7 @@ def load(group: str) -> list[tuple[str, Any]]:
         try:
             loaded.append((ep.name, ep.load()))
         except Exception as exc:
-            _warn(f"{_describe(ep)} is skipped: it does not load: {type(exc).__name__}: {exc}")
+            warn(f"{_describe(ep)} is skipped: it does not load: {type(exc).__name__}: {exc}")
     return loaded
 
 
@@ -155,7 +156,7 @@ def _call_each(group: str, *args: Any) -> list[tuple[str, Any]]:
         try:
             results.append((name, obj(*args) if callable(obj) else obj))
         except Exception as exc:
-            _warn(f"plugin {name!r} in {group} is skipped: it raised {type(exc).__name__}: {exc}")
+            warn(f"plugin {name!r} in {group} is skipped: it raised {type(exc).__name__}: {exc}")
     return results
 
 
@@ -186,7 +187,7 @@ def default_proxy_url() -> str | None:
             continue
         if isinstance(url, str):
             return url
-        _warn(f"plugin {name!r} in {DEFAULT_PROXY_URL} returned {type(url).__name__}, not str")
+        warn(f"plugin {name!r} in {DEFAULT_PROXY_URL} returned {type(url).__name__}, not str")
     return None
 
 
@@ -196,7 +197,7 @@ def harness_secret_env() -> frozenset[str]:
     names: set[str] = set()
     for name, value in _call_each(HARNESS_SECRET_ENV):
         if isinstance(value, str) or not isinstance(value, Iterable):
-            _warn(f"plugin {name!r} in {HARNESS_SECRET_ENV} must give a list of names")
+            warn(f"plugin {name!r} in {HARNESS_SECRET_ENV} must give a list of names")
             continue
         names.update(str(v) for v in value)
     return frozenset(names)
@@ -210,7 +211,7 @@ def default_hardware() -> Hardware | None:
         try:
             return Hardware.model_validate(value)
         except ValueError as exc:
-            _warn(f"plugin {name!r} in {DEFAULT_HARDWARE} returned no valid Hardware: {exc}")
+            warn(f"plugin {name!r} in {DEFAULT_HARDWARE} returned no valid Hardware: {exc}")
     return None
 
 
@@ -224,7 +225,7 @@ def hardware_limits(hardware: Hardware | None) -> HardwareLimits:
         try:
             caps = HardwareLimits.model_validate(value)
         except ValueError as exc:
-            _warn(f"plugin {name!r} in {HARDWARE_LIMITS} returned no valid HardwareLimits: {exc}")
+            warn(f"plugin {name!r} in {HARDWARE_LIMITS} returned no valid HardwareLimits: {exc}")
             continue
         for field in ("memory_gib", "disk_gib", "cpus"):
             mine, theirs = getattr(combined, field), getattr(caps, field)
@@ -283,9 +284,9 @@ def add_cli_plugins(app: Any, builtin: set[str]) -> None:
 
     for name, obj in load(CLI):
         if name in builtin:
-            _warn(f"plugin command {name!r} is skipped: it would replace a built-in command")
+            warn(f"plugin command {name!r} is skipped: it would replace a built-in command")
             continue
         if not isinstance(obj, typer.Typer):
-            _warn(f"plugin command {name!r} is skipped: {type(obj).__name__} is not a typer.Typer")
+            warn(f"plugin command {name!r} is skipped: {type(obj).__name__} is not a typer.Typer")
             continue
         app.add_typer(obj, name=name)

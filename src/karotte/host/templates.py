@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from karotte.config import format_validation_error
 from karotte.errors import ConfigError
+from karotte.plugins import warn as warn_plugin
 
 ENTRY_POINT_GROUP = "karotte.templates"
 TEMPLATE_SPEC_FILE = "template.toml"
@@ -142,7 +143,8 @@ def _entry_point_directory(ep: importlib.metadata.EntryPoint) -> Path:
 def discover_templates() -> dict[str, Template]:
     """Every template on this machine by id: Karotte's own, then those of installed packages.
 
-    A package's template cannot shadow one of Karotte's (that would be an error, reported).
+    A package's template cannot shadow one of Karotte's; a clashing or broken template package
+    is skipped with a warning (``karotte.plugins.plugin_warnings``).
     """
     templates: dict[str, Template] = {}
     if BUILTIN_TEMPLATES_DIR.is_dir():
@@ -152,26 +154,26 @@ def discover_templates() -> dict[str, Template]:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist
         dist_name = dist.metadata["Name"] if dist is not None else "(unknown)"
+        # a broken template package is skipped with a warning, like every optional plugin
         if ep.name in templates:
-            raise ConfigError(
-                f"template {ep.name!r} from {dist_name} clashes with the one from "
-                f"{templates[ep.name].distribution}; rename the entry point"
+            warn_plugin(
+                f"template {ep.name!r} from {dist_name} is skipped: it clashes with the one "
+                f"from {templates[ep.name].distribution}; rename the entry point"
             )
+            continue
         try:
             directory = _entry_point_directory(ep)
-        except ConfigError:
-            raise
+            templates[ep.name] = load_template(
+                directory,
+                ep.name,
+                distribution=dist_name,
+                distribution_version=dist.version if dist is not None else None,
+            )
         except Exception as exc:
-            raise ConfigError(
-                f"template {ep.name!r} of {dist_name} ({ep.value}) does not load: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        templates[ep.name] = load_template(
-            directory,
-            ep.name,
-            distribution=dist_name,
-            distribution_version=dist.version if dist is not None else None,
-        )
+            warn_plugin(
+                f"template {ep.name!r} of {dist_name} ({ep.value}) is skipped: it does not "
+                f"load: {type(exc).__name__}: {exc}"
+            )
     return templates
 
 
