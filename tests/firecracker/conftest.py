@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from karotte.host.boot_probe import ProbeResult, firecracker_boot_probe
+from karotte.host.boot_probe import ProbeResult, firecracker_boot_probe, kvm_problem
 from karotte.host.firecracker.artifacts import Artifact, ArtifactError, find_binary, find_kernel
 
 
@@ -37,3 +37,10 @@ def guest_kernel() -> Path:
 def boot_probe() -> ProbeResult:
     """The (cached) probe: whether a guest really boots on this machine."""
     return firecracker_boot_probe()
+
+
+@pytest.fixture(scope="session")
+def kvm() -> None:
+    """Firecracker opens /dev/kvm even to configure a VM: skip where it cannot."""
+    if (why := kvm_problem()) is not None:
+        pytest.skip(f"Firecracker needs /dev/kvm: {why}")

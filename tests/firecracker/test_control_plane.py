@@ -19,6 +19,8 @@ from karotte.host.runtimes import SandboxSpec, get_runtime
 from karotte.host.runtimes.base import LABEL_RUN_ID
 from karotte.host.runtimes.firecracker import FirecrackerRuntime, state_dir, vm_sizing
 
+pytestmark = pytest.mark.usefixtures("kvm")
+
 BOOT_ARGS = "console=ttyS0 reboot=k panic=1 pci=off"
 
 

@@ -16,6 +16,8 @@ from karotte.host.runtimes.firecracker import GUEST_BOOT_ARGS, FirecrackerGuests
 from karotte.host.vm.kernel import GuestKernel, KernelMissingError, prepare_kernel
 from karotte.host.vm.machine import VmLayout
 
+pytestmark = pytest.mark.usefixtures("kvm")
+
 
 @pytest.fixture
 def layout(guest_kernel: Path, tmp_path: Path) -> VmLayout:

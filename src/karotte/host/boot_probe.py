@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -196,6 +197,12 @@ def firecracker_boot_probe(
         if use_cache and not refresh and (cached := _read_cache(path)) is not None:
             return cached  # another process probed while we waited
         timeout = timeout_s if timeout_s is not None else _timeout_s()
+        if sys.stderr.isatty():
+            print(
+                f"karotte: probing whether Firecracker guests boot here (up to {timeout:g} s, "
+                "cached for a day) …",
+                file=sys.stderr,
+            )
         result = _boot(firecracker.path, kernel.path, timeout)
         result.key = key
         result.probed_at = time.time()
@@ -324,8 +331,6 @@ class BootProbeError(KarotteError):
 
 
 def _main() -> int:
-    import sys
-
     refresh = "--refresh" in sys.argv
     result = firecracker_boot_probe(refresh=refresh)
     print(result.model_dump_json(indent=1))
