@@ -25,8 +25,8 @@ TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "src/karotte/templates/lang
 TAG = f"karotte-test/language-toolchains-{os.getpid()}:latest"
 
 # What the student can use in a task of each toolchain (the grants of TOOLCHAINS.md): its own
-# toolchain, plus C and C++ where the toolchain needs GCC's C compiler (GnuCOBOL compiles via C).
-C_FAMILY = {"c", "cpp"}
+# toolchain, plus C where it needs GCC's C compiler (GnuCOBOL compiles via C; GHC compiles a C
+# stub into every program). C++ needs cc1plus, which only the cpp toolchain grants.
 ALL = [
     "c",
     "cpp",
@@ -42,8 +42,8 @@ ALL = [
     "common-lisp",
 ]
 REACHABLE = {name: {name} for name in ALL}
-REACHABLE["c"] = REACHABLE["cpp"] = C_FAMILY
-REACHABLE["cobol"] = {"cobol", *C_FAMILY}
+REACHABLE["cobol"] = {"cobol", "c"}
+REACHABLE["haskell"] = {"haskell", "c"}
 # full sandbox runs (the others are covered by the per-toolchain container): one per back end
 E2E = ["c", "haskell", "java", "go"]
 
@@ -82,9 +82,12 @@ def test_renders_on_top_of_default(tmp_path: Path) -> None:
     for package in ("gnucobol", "gprolog", "fp-compiler", "openjdk-17-jdk-headless", "ghc"):
         assert package in containerfile
     assert containerfile.index("apt-get install") < containerfile.index("useradd")
-    # ... and the lock step before the default's last step, the image check
-    lock = containerfile.index("-m environment.toolchains lock")
-    assert lock < containerfile.index("karotte check --image")
+    # ... locked in the package layer itself, checked before the default's last step
+    install = containerfile[containerfile.index("RUN mkdir -p /usr/share/man/man1") :]
+    install = install[: install.index("\n\n")]
+    assert "apt-get install" in install and "toolchain-components.py lock" in install
+    check = containerfile.index("-m environment.toolchains check-locked")
+    assert check < containerfile.index("RUN /root/.venv/bin/karotte check --image")
     assert containerfile.rstrip().endswith("RUN /root/.venv/bin/karotte check --image")
     # the fake model keeps the default's example-task script and adds the toolchain tasks
     fake = (env / "src/environment/fake_model.py").read_text()

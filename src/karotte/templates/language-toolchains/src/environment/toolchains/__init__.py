@@ -7,8 +7,9 @@ components (read and execute for others) before the first step. So in a C task `
 `go`... fail for the student with "Permission denied", from bash and from the `build` tool.
 
 Shared back ends: several front ends drive GCC's driver, `as` and `ld` to assemble and link
-(component `linker`), and GnuCOBOL translates to C, so it needs GCC's C compiler proper
-(component `c-compiler`). The exact grants are in `TOOLCHAINS` and in TOOLCHAINS.md.
+(component `linker`); GnuCOBOL translates to C and GHC compiles a small C stub into every
+program, so both need GCC's C compiler proper (component `c-compiler`, so C is reachable in
+their tasks). The exact grants are in `TOOLCHAINS` and in TOOLCHAINS.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "resolve_component",
     "unlocked",
 ]
+
 
 class ToolchainError(TaskDefinitionError):
     """A task names a toolchain that does not exist or is switched off."""
@@ -82,7 +84,7 @@ TOOLCHAINS: dict[str, Toolchain] = {
             "cpp",
             "C++ (G++ 12)",
             ("g++",),
-            ("c-compiler", "linker"),
+            ("cxx-compiler", "linker"),
             ".cpp",
             ("g++", "-O2", "-Wall", "-std=gnu++17", "-o", "{out}", "{src}"),
             ("{out}",),
@@ -155,7 +157,7 @@ TOOLCHAINS: dict[str, Toolchain] = {
             "haskell",
             "Haskell (GHC 9.0)",
             ("ghc",),
-            ("ghc", "linker"),
+            ("ghc", "c-compiler", "linker"),
             ".hs",
             ("ghc", "-O0", "-outputdir", "{dir}/obj", "-o", "{out}", "{src}"),
             ("{out}",),

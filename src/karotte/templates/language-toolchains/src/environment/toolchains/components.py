@@ -19,10 +19,14 @@ JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 # Symlinks are resolved: the real file or directory is locked. A locked directory cannot be
 # entered, so everything below it is unreachable.
 COMPONENTS: dict[str, tuple[str, ...]] = {
-    # GCC's C and C++ compilers proper (and the preprocessor, which is cc1 -E)
-    "c-compiler": (f"{GCC}/cc1", f"{GCC}/cc1plus", f"{GCC}/lto1"),
-    # the GCC drivers (used to assemble and link), collect2, the assembler and the linkers
+    # GCC's C compiler proper (also the preprocessor: `cpp` and `gcc -E` run cc1 -E)
+    "c-compiler": (f"{GCC}/cc1",),
+    # GCC's C++ compiler proper
+    "cxx-compiler": (f"{GCC}/cc1plus",),
+    # the GCC drivers (used to assemble and link), collect2, the link-time optimiser, the
+    # assembler and the linkers: no compiler of a language by themselves
     "linker": (
+        f"{GCC}/lto1",
         "/usr/bin/x86_64-linux-gnu-gcc-12",
         "/usr/bin/x86_64-linux-gnu-g++-12",
         "/usr/bin/x86_64-linux-gnu-cpp-12",
