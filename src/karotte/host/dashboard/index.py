@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from karotte.events import (
+    ErrorOccurred,
     Event,
     MessageAdded,
     ScoringCompleted,
@@ -279,15 +280,20 @@ def summarize(
     started: TaskStarted | None = None
     completed: TaskCompleted | None = None
     step_scores: dict[int, float | None] = {}
-    usage = TokenUsage()
+    input_tokens = output_tokens = 0
     last_error: str | None = None
     for event in parsed.events:
-        if isinstance(event, TaskStarted) and started is None:
-            started = event
+        # the most common events first: this loop runs over every listed file
+        if isinstance(event, MessageAdded):
+            if event.usage is not None:
+                input_tokens += event.usage.input_tokens
+                output_tokens += event.usage.output_tokens
+        elif event.type in ("tool_call_started", "tool_call_completed"):
+            continue
+        elif isinstance(event, TaskStarted):
+            started = started or event
         elif isinstance(event, TaskCompleted):
             completed = event
-        elif isinstance(event, MessageAdded) and event.usage is not None:
-            usage = usage + event.usage
         elif isinstance(event, ScoringCompleted):
             step_scores[event.step_index] = event.score
             reason = event.metadata.get("misbehavior")
@@ -295,8 +301,9 @@ def summarize(
                 summary.misbehavior.append(f"step {event.step_index}: {reason}")
         elif isinstance(event, StepCompleted):
             step_scores[event.step_index] = event.score
-        elif event.type == "error":
+        elif isinstance(event, ErrorOccurred):
             last_error = str(event.kind)
+    usage = TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens)
     if started is not None:
         summary.run_id = summary.run_id or started.run_id
         summary.task_id = summary.task_id or started.task_id
