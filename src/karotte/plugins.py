@@ -19,6 +19,8 @@ group                               what the entry point is
 ``karotte.container_run_args``      ``f(task, runtime) -> list[str]``: extra engine
                                     arguments; raising refuses the launch
 ``karotte.templates``               a directory of environment templates (templates.md)
+``karotte.cli_agents``              a ``CliAgentAdapter`` (instance, class or factory): a
+                                    coding-agent CLI for ``agent: cli:<name>`` (cli-agents.md)
 =================================== ======================================================
 
 See docs/plugins.md and the worked example in ``examples/karotte-example-plugin``.
@@ -49,6 +51,7 @@ DEFAULT_HARDWARE = "karotte.default_hardware"
 HARDWARE_LIMITS = "karotte.hardware_limits"
 CONTAINER_RUN_ARGS = "karotte.container_run_args"
 TEMPLATES = "karotte.templates"
+CLI_AGENTS = "karotte.cli_agents"
 
 GROUPS = (
     CLI,
@@ -59,6 +62,7 @@ GROUPS = (
     HARDWARE_LIMITS,
     CONTAINER_RUN_ARGS,
     TEMPLATES,
+    CLI_AGENTS,
 )
 
 
