@@ -68,6 +68,57 @@ class JailerConfig(BaseModel):
     no_file: int = 2048
 
 
+def cgroup_settings(jail: JailerConfig, cgroup_version: int) -> list[str]:
+    """The jailer's ``--cgroup FILE=VALUE`` settings for the jail's limits."""
+    settings: list[str] = []
+    if cgroup_version == 2:
+        if jail.memory_bytes is not None:
+            settings += [f"memory.max={jail.memory_bytes}", "memory.swap.max=0"]
+        if jail.pids_limit is not None:
+            settings.append(f"pids.max={jail.pids_limit}")
+        if jail.cpu_quota is not None:
+            settings.append(f"cpu.max={int(jail.cpu_quota * 100000)} 100000")
+    else:
+        if jail.memory_bytes is not None:
+            settings.append(f"memory.limit_in_bytes={jail.memory_bytes}")
+        if jail.pids_limit is not None:
+            settings.append(f"pids.max={jail.pids_limit}")
+        if jail.cpu_quota is not None:
+            settings += [
+                "cpu.cfs_period_us=100000",
+                f"cpu.cfs_quota_us={int(jail.cpu_quota * 100000)}",
+            ]
+    return settings
+
+
+def jailer_argv(
+    firecracker: Path, vm_id: str, jail: JailerConfig, cgroup_version: int
+) -> list[str]:
+    """The jailer's own arguments (firecracker's follow after ``--``)."""
+    argv = [
+        str(jail.jailer),
+        "--id",
+        vm_id,
+        "--exec-file",
+        str(firecracker),
+        "--uid",
+        str(jail.uid),
+        "--gid",
+        str(jail.gid),
+        "--chroot-base-dir",
+        str(jail.chroot_base),
+        "--cgroup-version",
+        str(cgroup_version),
+        "--parent-cgroup",
+        jail.parent_cgroup,
+        "--resource-limit",
+        f"no-file={jail.no_file}",
+    ]
+    for setting in cgroup_settings(jail, cgroup_version):
+        argv += ["--cgroup", setting]
+    return argv
+
+
 class FirecrackerVM:
     """A Firecracker process and its API. Use as a context manager or call :meth:`cleanup`."""
 
@@ -124,27 +175,8 @@ class FirecrackerVM:
         return [CGROUP_ROOT / ctrl / tail for ctrl in self._cgroup_controllers()]
 
     def _cgroup_settings(self) -> list[str]:
-        assert self.jailer is not None
-        settings: list[str] = []
-        jail = self.jailer
-        if self._cgroup_version == 2:
-            if jail.memory_bytes is not None:
-                settings += [f"memory.max={jail.memory_bytes}", "memory.swap.max=0"]
-            if jail.pids_limit is not None:
-                settings.append(f"pids.max={jail.pids_limit}")
-            if jail.cpu_quota is not None:
-                settings.append(f"cpu.max={int(jail.cpu_quota * 100000)} 100000")
-        else:
-            if jail.memory_bytes is not None:
-                settings.append(f"memory.limit_in_bytes={jail.memory_bytes}")
-            if jail.pids_limit is not None:
-                settings.append(f"pids.max={jail.pids_limit}")
-            if jail.cpu_quota is not None:
-                settings += [
-                    "cpu.cfs_period_us=100000",
-                    f"cpu.cfs_quota_us={int(jail.cpu_quota * 100000)}",
-                ]
-        return settings
+        assert self.jailer is not None and self._cgroup_version is not None
+        return cgroup_settings(self.jailer, self._cgroup_version)
 
     def _cgroup_controllers(self) -> list[str]:
         return sorted({setting.split(".", 1)[0] for setting in self._cgroup_settings()})
@@ -170,28 +202,8 @@ class FirecrackerVM:
                 str(self.log_path),
                 *fc_args,
             ]
-        jail = self.jailer
-        argv = [
-            str(jail.jailer),
-            "--id",
-            self.vm_id,
-            "--exec-file",
-            str(self.firecracker),
-            "--uid",
-            str(jail.uid),
-            "--gid",
-            str(jail.gid),
-            "--chroot-base-dir",
-            str(jail.chroot_base),
-            "--cgroup-version",
-            str(self._cgroup_version),
-            "--parent-cgroup",
-            jail.parent_cgroup,
-            "--resource-limit",
-            f"no-file={jail.no_file}",
-        ]
-        for setting in self._cgroup_settings():
-            argv += ["--cgroup", setting]
+        assert self._cgroup_version is not None
+        argv = jailer_argv(self.firecracker, self.vm_id, self.jailer, self._cgroup_version)
         # paths after "--" are inside the chroot
         return [
             *argv,

@@ -42,7 +42,15 @@ from karotte.host.firecracker.artifacts import (
     host_supported,
     sha256_file,
 )
-from karotte.host.firecracker.vmm import DEFAULT_CHROOT_BASE, FirecrackerVM, JailerConfig
+from karotte.host.firecracker.vmm import (
+    CGROUP_ROOT,
+    DEFAULT_CHROOT_BASE,
+    PARENT_CGROUP,
+    FirecrackerVM,
+    JailerConfig,
+    host_cgroup_version,
+    jailer_argv,
+)
 from karotte.host.runtimes.base import (
     Availability,
     ExecResult,
@@ -152,15 +160,25 @@ def firecracker_config(layout: VmLayout, kernel: Path) -> dict[str, object]:
 
 class FirecrackerGuests(VmRuntime):
     """The guest path: the shared VM layer (drives, guest init, channel, watchdog, ``/out``)
-    with Firecracker as the VMM, started from a config file (``--no-api``) by the supervisor.
-    Its serial console (the guest's ``ttyS0``: kernel messages and the channel's frames) is
-    appended to the sandbox's ``channel.log``; ``console.log`` points at the same file."""
+    with Firecracker as the VMM, started from a config file (``--no-api``) by the supervisor,
+    under the jailer when karotte runs as root (the jail lives in the sandbox's directory, so it
+    goes with it; its cgroups are removed by :meth:`remove`). The serial console (the guest's
+    ``ttyS0``: kernel messages and the channel's frames) is appended to the sandbox's
+    ``channel.log``; ``console.log`` points at the same file."""
 
     name: ClassVar[str] = "firecracker"
     sandbox_kind: ClassVar[str] = "firecracker"
 
+    def __init__(self, use_jailer: bool | None = None) -> None:
+        super().__init__()
+        self.use_jailer = os.geteuid() == 0 if use_jailer is None else use_jailer
+
     def availability(self) -> Availability:  # the owning FirecrackerRuntime decides
         return Availability(ok=True)
+
+    @staticmethod
+    def vm_id(layout: VmLayout) -> str:
+        return re.sub(r"[^A-Za-z0-9-]", "-", layout.directory.name)[:64]
 
     def vmm_argv(self, layout: VmLayout) -> list[str]:
         firecracker = find_binary("firecracker")
@@ -172,30 +190,108 @@ class FirecrackerGuests(VmRuntime):
                 "would not load\nfix: rerun `sudo scripts/setup-vm.sh`, then "
                 "`sudo scripts/setup-firecracker.sh` (it takes the VM layer's kernel)"
             )
-        config = layout.directory / "firecracker.json"
-        config.write_text(json.dumps(firecracker_config(layout, kernel.path), indent=1))
-        log = layout.directory / "firecracker.log"
-        log.touch()
         with contextlib.suppress(FileExistsError):
             layout.console_log.symlink_to(layout.channel_log.name)
         # firecracker writes the guest's serial console on its stdout: into the channel log
-        return [
+        wrapper = [
             "/bin/sh",
             "-c",
             'out=$1; shift; exec "$@" >>"$out"',
             "karotte-firecracker",
             str(layout.channel_log),
-            str(firecracker.path),
-            "--no-api",
-            "--config-file",
-            str(config),
-            "--id",
-            re.sub(r"[^A-Za-z0-9-]", "-", layout.directory.name)[:64],
-            "--log-path",
-            str(log),
-            "--level",
-            "Warning",
         ]
+        fc_args = ["--no-api", "--level", "Warning"]
+        if not self.use_jailer:
+            config = layout.directory / "firecracker.json"
+            config.write_text(json.dumps(firecracker_config(layout, kernel.path), indent=1))
+            log = layout.directory / "firecracker.log"
+            log.touch()
+            return [
+                *wrapper,
+                str(firecracker.path),
+                "--config-file",
+                str(config),
+                "--log-path",
+                str(log),
+                "--id",
+                self.vm_id(layout),
+                *fc_args,
+            ]
+        jail = self._jail(layout)
+        self._stage_jail(layout, kernel.path, jail)
+        version = jail.cgroup_version or host_cgroup_version()
+        return [
+            *wrapper,
+            *jailer_argv(firecracker.path, self.vm_id(layout), jail, version),
+            "--",  # firecracker's arguments; paths inside the chroot
+            "--config-file",
+            "/firecracker.json",
+            "--log-path",
+            "/firecracker.log",
+            *fc_args,
+        ]
+
+    def _jail(self, layout: VmLayout) -> JailerConfig:
+        return JailerConfig(
+            jailer=find_binary("jailer").path,
+            chroot_base=layout.directory / "jail",
+            memory_bytes=(layout.memory_mib + 256) << 20,
+            pids_limit=64,
+            cpu_quota=float(layout.vcpus),
+        )
+
+    def _stage_jail(self, layout: VmLayout, kernel: Path, jail: JailerConfig) -> Path:
+        """The chroot the jailer completes: kernel, initramfs and drives linked (or copied) in,
+        what the VMM writes (or may not read otherwise) owned by the jail's user."""
+        root = jail.chroot_base / "firecracker" / self.vm_id(layout) / "root"
+        root.mkdir(parents=True)
+        staged = {
+            "vmlinux": (kernel, False),
+            "initrd": (layout.kernel.initramfs, True),
+            "root.ext4": (layout.root, False),
+            "scratch.ext4": (layout.scratch, True),
+            "in.ext4": (layout.io_in, True),
+            "out.raw": (layout.out, True),
+        }
+        for name, (source, owned) in staged.items():
+            target = root / name
+            if source == layout.kernel.initramfs:  # 0600 and shared: a private copy
+                shutil.copyfile(source, target)
+            else:
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copyfile(source, target)
+            if owned:
+                os.chown(target, jail.uid, jail.gid)
+        config = firecracker_config(layout, Path("/vmlinux"))
+        boot = config["boot-source"]
+        assert isinstance(boot, dict)
+        boot["initrd_path"] = "/initrd"
+        drives = config["drives"]
+        assert isinstance(drives, list)
+        for drive, name in zip(
+            drives, ["root.ext4", "scratch.ext4", "in.ext4", "out.raw"], strict=True
+        ):
+            drive["path_on_host"] = "/" + name
+        (root / "firecracker.json").write_text(json.dumps(config, indent=1))
+        log = root / "firecracker.log"
+        log.touch()
+        os.chown(log, jail.uid, jail.gid)
+        return root
+
+    def remove(self, sandbox: Sandbox) -> None:
+        vm_id = re.sub(r"[^A-Za-z0-9-]", "-", self.sandbox_dir(sandbox.name).name)[:64]
+        super().remove(sandbox)
+        for cgroup in jail_cgroup_dirs(vm_id):
+            _rmdir_cgroup(cgroup)
+
+
+def jail_cgroup_dirs(vm_id: str, parent: str = PARENT_CGROUP) -> list[Path]:
+    """Every cgroup directory a jail ``vm_id`` may have (v1: one per controller; v2: one)."""
+    if host_cgroup_version() == 2:
+        return [CGROUP_ROOT / parent / vm_id]
+    return sorted(CGROUP_ROOT.glob(f"*/{parent}/{vm_id}"))
 
 
 class FirecrackerRuntime(Runtime):
