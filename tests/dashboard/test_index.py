@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,3 +170,39 @@ def test_artifacts_are_listed_without_symlinks_out(tmp_path: Path) -> None:
     listed = RunIndex(tmp_path).artifacts("arty.json", "arty")
     assert listed == [{"path": "arty_artifacts/sub/a.txt", "name": "sub/a.txt", "size": 1}]
     assert RunIndex(tmp_path).artifacts("arty.json", "../..") == []
+
+
+def test_a_real_fake_model_run_is_summarised_as_the_harness_ended_it(
+    tmp_path: Path, use_environment: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real harness (fake model, real tools and custody): its transcript and its JSON-lines
+    event stream both give the row the harness's own result."""
+    from karotte import EvaluationRunConfig
+    from karotte.sandbox.entry import run_harness
+
+    use_environment(Path(__file__).parents[1] / "fixtures" / "envs" / "basic")
+    out = tmp_path / "out"
+    config = EvaluationRunConfig(
+        run_id="real",
+        task_id="two-steps",
+        use_fake_model=True,
+        transcript_file=out / "real.json",
+        extra_config={"answer_path": str(tmp_path / "answer.txt")},
+    )
+    capsys.readouterr()
+    completed = run_harness(config, events="jsonl")
+    (out / "stream").mkdir()
+    (out / "stream" / "real.events.jsonl").write_text(capsys.readouterr().out)
+    rows = {r.path: r for r in RunIndex(out).runs()}
+    for path in ("real.json", "stream/real.events.jsonl"):
+        row = rows[path]
+        assert row.status == completed.status == "passed", path
+        assert row.scores == completed.scores and row.score == completed.score, path
+        assert row.duration_s == completed.duration_s, path
+        assert (row.run_id, row.task_id, row.model) == ("real", "two-steps", "fake/scripted")
+        assert row.problem is None
+    index = RunIndex(out)
+    _, parsed = index.load("real.json")
+    _, streamed = index.load("stream/real.events.jsonl")
+    assert [e.model_dump() for e in parsed.events] == [e.model_dump() for e in streamed.events]
+    assert index.artifacts("real.json", "real") != []  # the custody copy of the submission
