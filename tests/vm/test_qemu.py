@@ -87,10 +87,10 @@ def test_guest_kernel_boots_to_the_marker(qemu: QemuRuntime) -> None:
 def test_sandbox_round_trip(qemu: QemuRuntime, tmp_path: Path, label: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    (out / "config.json").write_text("from the host")
+    (out / "config.json").write_text("from the host\n")
     ro = tmp_path / "ro"
     ro.mkdir()
-    (ro / "data.txt").write_text("read only")
+    (ro / "data.txt").write_text("read only\n")
     script = (
         "echo hello; echo to-stderr >&2; cat /out/config.json; cat /ro/data.txt;"
         "echo x > /ro/data.txt 2>/dev/null && echo RO-WRITABLE;"
@@ -123,7 +123,7 @@ def test_sandbox_round_trip(qemu: QemuRuntime, tmp_path: Path, label: str) -> No
     assert (out / "result.txt").read_text() == "result\n"
     assert (out / "art" / "a.txt").read_text() == "a\n"
     assert not (out / "shadow-link").exists() and not (out / "shadow-link").is_symlink()
-    assert (ro / "data.txt").read_text() == "read only"
+    assert (ro / "data.txt").read_text() == "read only\n"
     qemu.remove(sandbox)
     assert qemu.list_sandboxes({LABEL_RUN_ID: label}) == []
     qemu.remove(sandbox)  # idempotent
@@ -142,7 +142,7 @@ def test_example_task_passes_in_qemu(env_dir: Path, image: str, tmp_path: Path) 
     out = tmp_path / "out"
     started = time.monotonic()
     proc = _karotte_run(env_dir, out, "--image", image)
-    stdout, stderr = proc.communicate(timeout=900)
+    _stdout, stderr = proc.communicate(timeout=900)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, stderr[-4000:]
     transcript = json.loads((out / "transcript.json").read_text())
@@ -192,7 +192,7 @@ def test_hung_guest_is_killed_by_the_watchdog(env_dir: Path, image: str, tmp_pat
                 frozen = True
         assert proc.poll() is None, proc.communicate()[1][-3000:]
     assert frozen, "the fake harness never started"
-    stdout, stderr = proc.communicate(timeout=120)
+    _stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr[-3000:]
     transcript = json.loads((out / "transcript.json").read_text())
     assert transcript["status"] == "error" and transcript["error_kind"] == "infra"
