@@ -72,8 +72,9 @@ class EvaluationRunConfig(BaseModel):
     backend_retry_budget_s: float = Field(default=300.0, ge=0)
     backend_flush_timeout_s: float = Field(default=30.0, ge=0)
     # who plays the student: "builtin" (a model through model_client) or "external" (a trainer
-    # posts each assistant message to the backend; needs backend_uri)
-    agent: str = Field(default="builtin", pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    # posts each assistant message to the backend; needs backend_uri), or "cli:<name>" (a coding
+    # agent's own CLI run as the student once per step, e.g. cli:claude-code; docs/cli-agents.md)
+    agent: str = Field(default="builtin", pattern=r"^(cli:)?[a-z][a-z0-9_-]{0,63}$")
     external_agent_timeout_s: float = Field(default=600.0, gt=0)
 
     @field_validator("transcript_file")

@@ -23,6 +23,7 @@ from karotte.events import (
     HookCompleted,
     RunStatus,
     ScoringCompleted,
+    StopReason,
     StepCompleted,
     StepStarted,
     TaskCompleted,
@@ -39,6 +40,12 @@ from karotte.task import Step, Task, effective_instructions, effective_system_pr
 
 ToolBoxFactory = Callable[[EvaluationRunConfig, Task], AbstractAsyncContextManager[ToolBox]]
 Custody = Callable[[EvaluationRunConfig, list[str]], Awaitable[dict[str, Any]]]
+# one step of the student: the builtin loop (agent.run_agent_step) or a CLI agent
+# (cli_agents.runner.run_cli_agent_step); same arguments, same events, same result
+AgentStep = Callable[
+    [ModelClient, ToolBox, list[Message], StepLimits, int, Callable[[Any], None]],
+    Awaitable[tuple[StopReason, int]],
+]
 
 
 class RunAborted(Exception):
@@ -129,6 +136,7 @@ async def run_task(
     custody: Custody,
     sandbox: str | None = None,
     before_steps: Callable[[], Awaitable[None]] | None = None,
+    agent_step: AgentStep = run_agent_step,
 ) -> TaskCompleted:
     """Run every step of the task. Always emits exactly one TaskCompleted, even on errors."""
     started = time.monotonic()
@@ -185,6 +193,7 @@ async def run_task(
                         recorder,
                         custody,
                         emit_and_count,
+                        agent_step,
                     )
                     scores[index] = scoring.score
                     misbehaved = misbehaved or "misbehavior" in scoring.metadata
@@ -225,6 +234,7 @@ async def _run_step(
     recorder: EventRecorder,
     custody: Custody,
     emit: Callable[[Any], None],
+    agent_step: AgentStep = run_agent_step,
 ) -> Scoring:
     step_started = time.monotonic()
     try:
@@ -246,7 +256,7 @@ async def _run_step(
         # backstop: one tool call or model call can overrun the deadline by its own timeout
         grace = config.tool_timeout_s + 60
         async with asyncio.timeout(config.step_time_limit_s + grace):
-            stop_reason, turns = await run_agent_step(model, tools, messages, limits, index, emit)
+            stop_reason, turns = await agent_step(model, tools, messages, limits, index, emit)
     except TimeoutError:
         stop_reason, turns = "time_limit", -1
     except KarotteError as exc:
