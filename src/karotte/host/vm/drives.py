@@ -35,7 +35,9 @@ MIB = 1024**2
 GIB = 1024**3
 DEFAULT_CACHE_BYTES = 20 * GIB
 ROOT_SLACK = 256 * MIB  # free room on the read-only root (the overlay takes the writes)
-SCRATCH_EXTRA = 1 * GIB  # copy-ups of the root and /out on top of the disk budget
+# on top of the disk budget (the student's loop-mounted /workdir): the harness's /var/tmp quota
+# (1 GiB), copy-ups of the root, /out and the transcript; sparse, so unused room costs nothing
+SCRATCH_EXTRA = 2 * GIB
 
 
 class DriveError(RuntimeUnavailableError):
