@@ -200,3 +200,35 @@ def test_hung_guest_is_killed_by_the_watchdog(env_dir: Path, image: str, tmp_pat
     assert types == ["step_started", "error", "task_completed"]
     message = transcript["events"][1]["message"]
     assert "watchdog" in message and "about to hang" in message
+
+
+def test_stop_asks_the_guest_first(qemu: QemuRuntime, tmp_path: Path, label: str) -> None:
+    """``stop`` sends TERM over the control port: the command's own handler runs (a harness
+    writes its transcript there), its output and /out still come back."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = (
+        "trap 'echo got-term; echo stopped > /out/stopped.txt; exit 5' TERM;"
+        "echo up; while true; do sleep 0.2; done"
+    )
+    spec = SandboxSpec(
+        image=BASE_TAG,
+        name=f"karotte-{label}",
+        command=["sh", "-c", script],
+        labels={LABEL_RUN_ID: label},
+        mounts=[Mount(source=out, target="/out")],
+        memory_bytes=1 << 30,
+        disk_bytes=1 << 30,
+    )
+    sandbox = qemu.start(spec)
+    log = qemu.sandbox_dir(sandbox.name) / "channel.log"
+    deadline = time.monotonic() + 120
+    while b"kO up" not in (log.read_bytes() if log.exists() else b""):
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.2)
+    qemu.stop(sandbox, timeout_s=60)
+    assert qemu.wait(sandbox, timeout_s=5) == 5
+    lines = [line.decode().strip() for line in qemu.stream_output(sandbox)]
+    assert lines == ["up", "got-term"]
+    assert (out / "stopped.txt").read_text() == "stopped\n"
+    qemu.remove(sandbox)
