@@ -122,8 +122,10 @@ def vm_layer_available() -> bool:
     return importlib.util.find_spec("karotte.host.vm") is not None
 
 
+# One serial line carries the kernel console and the channel's frames: the kernel prints only
+# critical messages (loglevel=3) so that its lines do not pass for the guest's heartbeat.
 GUEST_BOOT_ARGS = (
-    "console=ttyS0 reboot=k panic=1 pci=off quiet i8042.noaux "
+    "console=ttyS0 reboot=k panic=1 pci=off quiet loglevel=3 i8042.noaux "
     "karotte.root=/dev/vda karotte.scratch=/dev/vdb karotte.in=/dev/vdc karotte.out=/dev/vdd "
     "karotte.channel=/dev/ttyS0"
 )
@@ -177,8 +179,12 @@ class FirecrackerGuests(VmRuntime):
         return Availability(ok=True)
 
     @staticmethod
-    def vm_id(layout: VmLayout) -> str:
-        return re.sub(r"[^A-Za-z0-9-]", "-", layout.directory.name)[:64]
+    def vm_id_of(directory: Path) -> str:
+        return re.sub(r"[^A-Za-z0-9-]", "-", directory.name)[:64]
+
+    @classmethod
+    def vm_id(cls, layout: VmLayout) -> str:
+        return cls.vm_id_of(layout.directory)
 
     def vmm_argv(self, layout: VmLayout) -> list[str]:
         firecracker = find_binary("firecracker")
@@ -281,7 +287,7 @@ class FirecrackerGuests(VmRuntime):
         return root
 
     def remove(self, sandbox: Sandbox) -> None:
-        vm_id = re.sub(r"[^A-Za-z0-9-]", "-", self.sandbox_dir(sandbox.name).name)[:64]
+        vm_id = self.vm_id_of(self.sandbox_dir(sandbox.name))
         super().remove(sandbox)
         for cgroup in jail_cgroup_dirs(vm_id):
             _rmdir_cgroup(cgroup)
