@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import typer
 
 from karotte.cli import app
 from karotte.cli._common import err_console, fail
+
+
+def _has_display() -> bool:
+    if sys.platform in ("darwin", "win32"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 @app.command("dashboard")
@@ -21,6 +29,7 @@ def dashboard(
 ) -> None:
     """Serve a web page listing every run under DIR, with each run's conversation, tool calls,
     scores and artifacts. Runs still in progress update live."""
+    import threading
     import webbrowser
 
     from rich.markup import escape
@@ -45,7 +54,12 @@ def dashboard(
 
     def ready() -> None:
         err_console.print(f"dashboard of {escape(str(directory))} at {url} (Ctrl-C stops it)")
-        if not no_browser:
-            webbrowser.open(url)
+        if no_browser:
+            return
+        if not _has_display():
+            # without a display, webbrowser would start a terminal browser in the foreground
+            err_console.print("no display here: open the address in your browser")
+            return
+        threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
 
     serve(directory, sock, host, on_ready=ready)
