@@ -290,3 +290,20 @@ def test_copy_helpers_refuse_links_and_specials(tmp_path: Path) -> None:
     refused = copy_out(stage, dest)
     assert any("fifo2" in item for item in refused)
     assert sorted(p.name for p in dest.iterdir()) == ["ok.txt"]
+
+
+def test_copy_back_leaves_files_the_guest_did_not_touch(fake: Fake, tmp_path: Path) -> None:
+    """Parallel runs share the out dir: a stale copy must not overwrite another run's file."""
+    spec, _, out = _spec(tmp_path)
+    (out / "other_run.json").write_text("old")
+    fake.answer([{"prefix": ["run"], "stdout": "kt-apple-1\n"}])
+    engine = runtime()
+    sandbox = engine.start(spec)
+    stage = engine._state_dir(spec.name) / "mounts" / "1"
+    assert (stage / "other_run.json").read_text() == "old"
+    (out / "other_run.json").write_text("newer, written by the other run meanwhile")
+    (stage / "mine.json").write_text("this run's transcript")
+    fake.answer([{"prefix": ["inspect"], "stdout": '[{"status": "stopped", "exitCode": 0}]'}])
+    assert engine.wait(sandbox, timeout_s=5) == 0
+    assert (out / "other_run.json").read_text() == "newer, written by the other run meanwhile"
+    assert (out / "mine.json").read_text() == "this run's transcript"

@@ -82,14 +82,22 @@ def symlinked_component(path: Path) -> Path | None:
     return None
 
 
-def copy_in(source: Path, stage: Path) -> None:
+def _fingerprint(path: Path) -> list[int]:
+    st = path.lstat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def copy_in(source: Path, stage: Path) -> dict[str, list[int]]:
     """Copy ``source`` (file or tree) into ``stage``: regular files and directories only; links
-    and special files are left out (a link could point anywhere on the host)."""
+    and special files are left out (a link could point anywhere on the host). Returns each
+    copied file's (size, mtime) in the stage, so that :func:`copy_out` brings back only what the
+    guest wrote (a stale copy must not overwrite what another run wrote meanwhile)."""
     st = source.lstat()
     if stat.S_ISREG(st.st_mode):
         stage.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, stage, follow_symlinks=False)
-        return
+        return {".": _fingerprint(stage)}
+    copied: dict[str, list[int]] = {}
     if not stat.S_ISDIR(st.st_mode):
         raise RuntimeUnavailableError(f"mount source {source} is neither a file nor a directory")
     stage.mkdir(parents=True, exist_ok=True)
@@ -102,11 +110,15 @@ def copy_in(source: Path, stage: Path) -> None:
             item = Path(root) / name
             if stat.S_ISREG(item.lstat().st_mode):
                 shutil.copy2(item, stage / rel / name, follow_symlinks=False)
+                copied[str(rel / name)] = _fingerprint(stage / rel / name)
+    return copied
 
 
-def copy_out(stage: Path, dest: Path) -> list[str]:
-    """Copy the regular files of ``stage`` back to ``dest`` (a writable mount's source); never
-    follows or creates a link, on either side. Returns what was refused."""
+def copy_out(stage: Path, dest: Path, copied_in: dict[str, list[int]] | None = None) -> list[str]:
+    """Copy the regular files of ``stage`` that the guest created or changed (unlike
+    ``copied_in``) back to ``dest`` (a writable mount's source); never follows or creates a
+    link, on either side. Returns what was refused."""
+    copied_in = copied_in or {}
     refused: list[str] = []
     if not stage.is_dir():
         return refused
@@ -127,6 +139,8 @@ def copy_out(stage: Path, dest: Path) -> list[str]:
             if not stat.S_ISREG(item.lstat().st_mode):
                 refused.append(f"{rel / name}: not a regular file")
                 continue
+            if copied_in.get(str(rel / name)) == _fingerprint(item):
+                continue  # unchanged since it was copied in
             target = target_dir / name
             if target.is_symlink():
                 refused.append(f"{rel / name}: the host file is a link")
@@ -330,13 +344,14 @@ class AppleContainerRuntime(OciCliRuntime):
                         f"mount path {value!r} contains ',' or '=', which the CLI cannot take"
                     )
             stage = state / "mounts" / str(index)
-            copy_in(mount.source, stage)
+            copied = copy_in(mount.source, stage)
             records.append(
                 {
                     "stage": str(stage),
                     "source": str(mount.source),
                     "read_only": mount.read_only,
                     "dir": mount.source.is_dir(),
+                    "copied_in": copied,
                 }
             )
         state.mkdir(parents=True, exist_ok=True)
@@ -353,7 +368,9 @@ class AppleContainerRuntime(OciCliRuntime):
         for record in json.loads(manifest.read_text()):
             if record["read_only"] or not record["dir"]:
                 continue
-            refused += copy_out(Path(record["stage"]), Path(record["source"]))
+            refused += copy_out(
+                Path(record["stage"]), Path(record["source"]), record.get("copied_in")
+            )
         done.touch()
         return refused
 
