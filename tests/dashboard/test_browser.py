@@ -285,3 +285,20 @@ def test_big_transcript_opens_fast_and_renders_lazily(
     page.locator("#steps a").last.click()
     page.wait_for_selector("#step-3", timeout=TIMEOUT_MS)
     assert page.locator("#step-3").is_visible()
+
+
+def test_long_tool_output_is_folded_until_asked(
+    tmp_path: Path, serve: Callable[[Path], Any], page: Any
+) -> None:
+    make_run(tmp_path, run_id="long", output_chars=10_000)
+    server = serve(tmp_path)
+    page.goto(f"{server.url}/run?path=long.json")
+    page.wait_for_selector("body[data-ready]", timeout=TIMEOUT_MS)
+    body = page.locator(".row.tool .tool-body").first
+    output = body.locator(".folded pre")
+    assert len(output.inner_text()) == 4000
+    button = body.locator("button.fold")
+    assert "10000 chars" in button.inner_text()
+    button.click()
+    assert len(output.inner_text()) == 10_000
+    assert body.locator("button.fold").count() == 0
