@@ -206,3 +206,17 @@ def test_a_real_fake_model_run_is_summarised_as_the_harness_ended_it(
     _, streamed = index.load("stream/real.events.jsonl")
     assert [e.model_dump() for e in parsed.events] == [e.model_dump() for e in streamed.events]
     assert index.artifacts("real.json", "real") != []  # the custody copy of the submission
+
+
+def test_names_that_are_not_utf8_are_skipped(tmp_path: Path) -> None:
+    make_run(tmp_path, run_id="fine")
+    make_run(tmp_path, run_id="odd")
+    os.rename(tmp_path / "odd.json", os.fsencode(tmp_path) + b"/odd-\xff.json")
+    artifacts = tmp_path / "fine_artifacts"
+    artifacts.mkdir()
+    (artifacts / "ok.txt").write_text("ok")
+    with open(os.fsencode(artifacts) + b"/bad-\xfe.txt", "w") as handle:
+        handle.write("bad")
+    index = RunIndex(tmp_path)
+    assert [r.path for r in index.runs()] == ["fine.json"]
+    assert [a["name"] for a in index.artifacts("fine.json", "fine")] == ["ok.txt"]

@@ -389,7 +389,7 @@ class RunIndex:
             for name in sorted(filenames):
                 if name.startswith(".") or name.endswith(SKIP_SUFFIXES):
                     continue
-                if not name.endswith((".json", ".jsonl")):
+                if not name.endswith((".json", ".jsonl")) or not _utf8(dirpath, name):
                     continue
                 path = base / name
                 if path.is_symlink():
@@ -509,6 +509,8 @@ class RunIndex:
         for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
             dirnames.sort()
             for name in sorted(filenames):
+                if not _utf8(dirpath, name):
+                    continue  # a name that cannot be shown or linked (not UTF-8)
                 path = Path(dirpath) / name
                 try:
                     real = path.resolve(strict=True)
@@ -526,6 +528,15 @@ class RunIndex:
                 if len(found) >= MAX_ARTIFACTS:
                     return found
         return found
+
+
+def _utf8(*names: str) -> bool:
+    try:
+        for name in names:
+            name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _live_status(summary: RunSummary, fresh: bool) -> Status:
