@@ -9,21 +9,34 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from karotte.config import EvaluationRunConfig
 from karotte.console import EventPrinter
 from karotte.discovery import fake_model_script, find_task
-from karotte.errors import ErrorKind, KarotteError
+from karotte.errors import ConfigError, ErrorKind, KarotteError
 from karotte.events import ErrorOccurred, LimitsApplied, TaskCompleted
 from karotte.sandbox.harness import run_task
 from karotte.sandbox.model_client import FakeModelClient, ModelClient
 from karotte.sandbox.transcript import EventRecorder, EventSink, jsonl_sink
 
+if TYPE_CHECKING:
+    from karotte.sandbox.backend_client import BackendStreamer
+
 EventFormat = Literal["rich", "jsonl", "none"]
 
 
-def make_model_client(config: EvaluationRunConfig) -> ModelClient:
+def make_model_client(
+    config: EvaluationRunConfig, backend: BackendStreamer | None = None
+) -> ModelClient:
+    if config.agent == "external":
+        from karotte.sandbox.external_agent import ExternalAgentClient
+
+        if backend is None:
+            raise ConfigError("agent 'external' needs backend_uri: its messages come from there")
+        return ExternalAgentClient(config, backend)
+    if config.agent != "builtin":
+        raise ConfigError(f"unknown agent {config.agent!r} (known: builtin, external)")
     if config.use_fake_model:
         return FakeModelClient(fake_model_script(config))
     from karotte.sandbox.litellm_client import LiteLLMClient
@@ -41,14 +54,24 @@ def run_harness(
     elif events == "jsonl":
         sinks.append(jsonl_sink(sys.stdout))
     recorder = EventRecorder(config.run_id, config.task_id, config.model, sinks)
+    backend = None
+    if config.backend_uri:
+        from karotte.sandbox.backend_client import finish_backend, open_backend
+
+        backend = open_backend(config, recorder)
     try:
-        return asyncio.run(_run(config, recorder, sandbox))
+        return asyncio.run(_run(config, recorder, sandbox, backend))
     finally:
         recorder.write(config.transcript_file)
+        if backend is not None:  # bounded; never raises; may add warnings and write again
+            finish_backend(backend, recorder, config)
 
 
 async def _run(
-    config: EvaluationRunConfig, recorder: EventRecorder, sandbox: str | None
+    config: EvaluationRunConfig,
+    recorder: EventRecorder,
+    sandbox: str | None,
+    backend: BackendStreamer | None = None,
 ) -> TaskCompleted:
     from karotte.sandbox.confinement.custody import collect_submission_async
     from karotte.sandbox.confinement.setup import Confinement, setup_confinement
@@ -56,7 +79,7 @@ async def _run(
 
     try:
         task_cls = find_task(config.task_id)
-        model = make_model_client(config)
+        model = make_model_client(config, backend)
         config.resolved_api_key()  # fail early on an unset $VAR
     except KarotteError as exc:
         recorder.emit(ErrorOccurred(kind=exc.kind, message=str(exc)))
