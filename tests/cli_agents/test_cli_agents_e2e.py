@@ -1,0 +1,247 @@
+"""Each adapter's real CLI, run as a real unprivileged user, against a local stub model.
+
+The stub scripts one conversation per step: call Karotte's MCP ``bash`` tool once, then answer.
+The bash command (run as the student through Karotte's tool server) prints every environment
+variable of the student's processes, including the CLI's own, and greps the student's readable
+files for the real key. Checked: the transcript events (same shapes as the builtin loop), the
+judge's score, the session resumed in step 2, the key swap (the stub sees only the real key,
+the student only the placeholder), and the tool ran as the student.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stub_model import FINAL_TEXT, Script, StubModel  # type: ignore[import-not-found]
+
+from karotte import EvaluationRunConfig, Step, Task
+from karotte.events import MessageAdded, ToolCallCompleted, ToolCallStarted
+from karotte.judges import Judge, RegexJudge
+from karotte.sandbox.cli_agents.runner import open_cli_toolbox, run_cli_agent_step
+from karotte.sandbox.confinement.demote import Identity
+from karotte.sandbox.harness import run_task
+from karotte.sandbox.model_client import FakeModelClient
+from karotte.sandbox.transcript import EventRecorder
+
+pytestmark = [pytest.mark.requires_root, pytest.mark.slow]
+
+REAL_PREFIX = "sk-real-secret-"
+# split in two so the command text itself never contains the searched string
+STUDENT_VIEW = (
+    "echo KAROTTE-MARK; id -un; "
+    "for d in /proc/[0-9]*; do [ -O $d ] && tr '\\0' '\\n' < $d/environ; done 2>/dev/null "
+    "| sort -u; "
+    "grep -rl 'sk-real''-secret' \"$HOME\" /tmp/karotte-cli-* 2>/dev/null | head -5; echo SCAN-DONE"
+)
+
+
+def task_class() -> type[Task]:
+    class S(Step):
+        @property
+        def instructions(self) -> str:
+            return "Run the check, then say you are done."
+
+        @property
+        def judge(self) -> Judge:
+            return RegexJudge("All done")
+
+    class T(Task):
+        id = "cli-agent-check"
+
+        @property
+        def system_prompt(self) -> str:
+            return "You are tested. Use the karotte bash tool."
+
+        @property
+        def tools(self) -> list[str]:
+            return ["bash"]
+
+        @property
+        def steps(self) -> list[Step]:
+            return [S(config=self.config), S(config=self.config)]
+
+    return T
+
+
+async def no_custody(config: EvaluationRunConfig, paths: list[str]) -> dict[str, Any]:
+    return {}
+
+
+def student_processes_hold(uid: int, needle: str) -> bool:
+    """Root's view: does any process of ``uid`` have ``needle`` in its environment?"""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            if needle.encode() in (entry / "environ").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def files_hold(roots: list[Path], needle: str) -> list[str]:
+    found = []
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                path = Path(dirpath) / name
+                try:
+                    if needle.encode() in path.read_bytes():
+                        found.append(str(path))
+                except OSError:
+                    continue
+    return found
+
+
+def run_agent(
+    name: str, model: str, base_suffix: str, student: Identity
+) -> tuple[Any, EventRecorder, StubModel, dict[str, Any]]:
+    real_key = REAL_PREFIX + secrets.token_hex(12)
+    stub = StubModel(Script(command=STUDENT_VIEW)).start()
+    seen: dict[str, Any] = {"key_in_student_env": False, "placeholder_in_student_env": False}
+
+    def look() -> None:
+        if student_processes_hold(student.uid, real_key):
+            seen["key_in_student_env"] = True
+        if student_processes_hold(student.uid, "karotte-placeholder-"):
+            seen["placeholder_in_student_env"] = True
+
+    stub.on_request = look
+    config = EvaluationRunConfig(
+        task_id="cli-agent-check",
+        model=model,
+        model_api_key=real_key,
+        model_api_base=stub.url + base_suffix,
+        agent=f"cli:{name}",
+        student_user=student.name,
+        max_turns=8,
+        step_time_limit_s=120,
+        tool_timeout_s=30,
+    )
+    recorder = EventRecorder(config.run_id, config.task_id, config.model)
+    state_dirs: list[Path] = []
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def tools(cfg: EvaluationRunConfig, task: Task) -> AsyncIterator[Any]:
+        async with open_cli_toolbox(cfg, task) as box:
+            state_dirs.extend([box.session.state_dir, box.session.config_dir])
+            yield box
+            seen["leaked_files"] = files_hold([*state_dirs, Path(student.home)], real_key)
+            seen["timings"] = list(box.session.timings)
+
+    started = time.monotonic()
+    try:
+        done = asyncio.run(
+            run_task(
+                config,
+                task_class(),
+                recorder,
+                FakeModelClient([]),
+                tools,
+                no_custody,
+                agent_step=run_cli_agent_step,
+            )
+        )
+    finally:
+        stub.stop()
+    seen["real_key"] = real_key
+    seen["wall_s"] = time.monotonic() - started
+    return done, recorder, stub, seen
+
+
+def check_run(
+    done: Any,
+    recorder: EventRecorder,
+    stub: StubModel,
+    seen: dict[str, Any],
+    student: Identity,
+    key_header: str,
+) -> None:
+    errors = [e for e in recorder.events if e.type == "error"]
+    if os.environ.get("KAROTTE_DEBUG_CLI"):
+        for e in recorder.events:
+            print(e.model_dump_json()[:600])
+        for r in stub.requests:
+            print(
+                r.at,
+                r.method,
+                r.path,
+                json.dumps(
+                    [
+                        t
+                        for t in (r.body or {}).get("tools") or []
+                        if "karotte" in json.dumps(t) or not t.get("name")
+                    ]
+                )[:1500]
+                if isinstance(r.body, dict)
+                else None,
+            )
+    assert done.status == "passed", (errors, [e.model_dump() for e in recorder.events][-6:])
+    assert done.scores == [1.0, 1.0]
+    step0 = [e for e in recorder.events if getattr(e, "step_index", None) == 0]
+    kinds = [e.type for e in step0]
+    assert kinds[:5] == [
+        "step_started",
+        "message_added",
+        "tool_call_started",
+        "tool_call_completed",
+        "message_added",
+    ], kinds
+    call_msg, started, completed, answer = step0[1], step0[2], step0[3], step0[4]
+    assert isinstance(call_msg, MessageAdded) and call_msg.message.tool_calls
+    assert call_msg.message.tool_calls[0].function.name == "bash"
+    assert isinstance(started, ToolCallStarted) and started.name == "bash"
+    assert started.arguments == {"command": STUDENT_VIEW}
+    assert started.call_id == call_msg.message.tool_calls[0].id
+    assert isinstance(completed, ToolCallCompleted) and completed.call_id == started.call_id
+    assert not completed.is_error, completed.output
+    out = completed.output
+    assert "KAROTTE-MARK" in out and student.name in out and "SCAN-DONE" in out
+    # the student sees the placeholder (the CLI's environment), never the real key
+    assert "karotte-placeholder-" in out
+    assert seen["real_key"] not in out and "sk-real-secret" not in out
+    assert isinstance(answer, MessageAdded) and answer.message.text() == FINAL_TEXT
+    assert answer.usage is not None and answer.usage.output_tokens > 0
+    # root's view while the CLI waited for the model: placeholder yes, key no; no file holds it
+    assert seen["placeholder_in_student_env"] and not seen["key_in_student_env"]
+    assert seen["leaked_files"] == []
+    # the forwarder swapped the key: every model request reached the stub with the real key
+    model_requests = [r for r in stub.requests if r.method == "POST"]
+    assert model_requests
+    for r in model_requests:
+        assert seen["real_key"] in r.headers.get(key_header, ""), r.headers
+        assert "karotte-placeholder-" not in str(r.headers)
+    # step 2 resumed the same session: its request carries step 1's tool result
+    assert stub.script.tool_calls_made == 1
+    step1 = [e for e in recorder.events if getattr(e, "step_index", None) == 1]
+    assert [e.type for e in step1][:2] == ["step_started", "message_added"]
+    # usage is per model call: the stub reports 100 in / 20 out for each request
+    posts = len(model_requests)
+    assert done.usage.input_tokens == 100 * posts, (done.usage, posts)
+
+
+def test_claude_code(claude_code_dir: Path, agents_from: Any, student: Identity) -> None:
+    agents_from(claude_code_dir)
+    done, recorder, stub, seen = run_agent("claude-code", "anthropic/claude-stub-1", "", student)
+    check_run(done, recorder, stub, seen, student, "x-api-key")
+    print(f"claude-code: wall {seen['wall_s']:.1f}s, steps {seen['timings']}")
+
+
+def test_codex(codex_dir: Path, agents_from: Any, student: Identity) -> None:
+    agents_from(codex_dir)
+    done, recorder, stub, seen = run_agent("codex", "openai/gpt-stub-1", "/v1", student)
+    check_run(done, recorder, stub, seen, student, "authorization")
+    print(f"codex: wall {seen['wall_s']:.1f}s, steps {seen['timings']}")
