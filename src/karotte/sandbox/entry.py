@@ -16,7 +16,8 @@ from karotte.console import EventPrinter
 from karotte.discovery import fake_model_script, find_task
 from karotte.errors import ConfigError, ErrorKind, KarotteError
 from karotte.events import ErrorOccurred, LimitsApplied, TaskCompleted
-from karotte.sandbox.harness import run_task
+from karotte.sandbox.agent import run_agent_step
+from karotte.sandbox.harness import AgentStep, ToolBoxFactory, run_task
 from karotte.sandbox.model_client import FakeModelClient, ModelClient
 from karotte.sandbox.transcript import EventRecorder, EventSink, jsonl_sink
 
@@ -35,8 +36,17 @@ def make_model_client(
         if backend is None:
             raise ConfigError("agent 'external' needs backend_uri: its messages come from there")
         return ExternalAgentClient(config, backend)
+    if config.agent.startswith("cli:"):
+        from karotte.sandbox.cli_agents.registry import get_adapter
+
+        get_adapter(config.agent.removeprefix("cli:"))  # an unknown name fails the run early
+        if config.use_fake_model:
+            raise ConfigError(
+                "use_fake_model does not apply to a CLI agent: its CLI calls the model"
+            )
+        return FakeModelClient([])  # unused: the CLI calls the model itself (docs/cli-agents.md)
     if config.agent != "builtin":
-        raise ConfigError(f"unknown agent {config.agent!r} (known: builtin, external)")
+        raise ConfigError(f"unknown agent {config.agent!r} (known: builtin, external, cli:<name>)")
     if config.use_fake_model:
         return FakeModelClient(fake_model_script(config))
     from karotte.sandbox.litellm_client import LiteLLMClient
@@ -104,16 +114,23 @@ async def _run(
         confinement = await asyncio.to_thread(setup_confinement, config, [])
         recorder.emit(LimitsApplied(limits=confinement.payload()))
 
+    open_tools: ToolBoxFactory = open_toolbox
+    agent_step: AgentStep = run_agent_step
+    if config.agent.startswith("cli:"):  # a coding agent's CLI plays the student
+        from karotte.sandbox.cli_agents.runner import open_cli_toolbox, run_cli_agent_step
+
+        open_tools, agent_step = open_cli_toolbox, run_cli_agent_step
     try:
         return await run_task(
             config,
             task_cls,
             recorder,
             model,
-            open_toolbox,
+            open_tools,
             collect_submission_async,
             sandbox=sandbox or os.environ.get("KAROTTE_SANDBOX"),
             before_steps=confine_student,
+            agent_step=agent_step,
         )
     finally:
         if confinement is not None:
