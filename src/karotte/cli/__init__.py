@@ -45,6 +45,7 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _register() -> None:
     from karotte.cli import (  # noqa: F401
+        agents,
         backend,
         check,
         clean,

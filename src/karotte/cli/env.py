@@ -34,6 +34,12 @@ def create_env_command(
         help="Depend on a released karotte from the package index instead of a wheel of this one.",
     ),
     no_lock: bool = typer.Option(False, "--no-lock", help="Do not run `uv lock`."),
+    agent: list[str] = typer.Option(
+        [],
+        "--agent",
+        help="A coding-agent CLI to install into the image (e.g. claude-code, codex); "
+        "repeatable. See `karotte agents list`.",
+    ),
 ) -> None:
     """Create an environment from templates (default: the `default` template)."""
     from karotte.host.create_env import create_env
@@ -45,6 +51,7 @@ def create_env_command(
             name=name,
             karotte_from_index=karotte_from_index,
             lock=not no_lock,
+            agents=agent,
         )
     for warning in created.warnings:
         err_console.print(f"[bold yellow]warning:[/] {escape(warning)}")

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from karotte._version import __version__
 from karotte.errors import ConfigError
@@ -28,6 +29,9 @@ from karotte.host.manifest import (
 )
 from karotte.host.templates import Rendering, Template, render_templates, resolve_stack
 from karotte.host.vendor import build_karotte_wheel, sha256_of
+
+if TYPE_CHECKING:
+    from karotte.sandbox.cli_agents.base import CliAgentAdapter
 
 ENV_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 DEFAULT_TEMPLATE = "default"
@@ -192,6 +196,15 @@ def _check_target(target: Path) -> None:
             )
 
 
+def _cli_adapters(names: Sequence[str]) -> list[CliAgentAdapter]:
+    """The adapters of ``create-env --agent`` (an unknown name fails before anything is made)."""
+    if not names:
+        return []
+    from karotte.sandbox.cli_agents.registry import get_adapter
+
+    return [get_adapter(name) for name in dict.fromkeys(names)]
+
+
 def create_env(
     target: Path,
     templates: Sequence[str] = (DEFAULT_TEMPLATE,),
@@ -199,6 +212,7 @@ def create_env(
     name: str | None = None,
     karotte_from_index: bool = False,
     lock: bool = True,
+    agents: Sequence[str] = (),
 ) -> CreatedEnvironment:
     """Create an environment in ``target`` (new or empty). See the module docstring."""
     target = Path(os.path.abspath(target))
@@ -207,11 +221,16 @@ def create_env(
     requested = list(templates) or [DEFAULT_TEMPLATE]
     stack = resolve_stack(requested)
     warnings: list[str] = []
+    cli_agents = _cli_adapters(agents)
     with _rollback_on_failure(target):
         target.mkdir(parents=True, exist_ok=True)
         source = karotte_source(target, karotte_from_index)
         rendering = render_environment(env_name, stack, source)
         write_rendering(target, rendering)
+        if cli_agents:  # their install steps go into the Containerfile (docs/cli-agents.md)
+            from karotte.sandbox.cli_agents.containerfile import add_agents
+
+            add_agents(target, cli_agents)
         records = template_records(stack)
         manifest = Manifest(
             env_name=env_name,
