@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,8 @@ ALL = [
 REACHABLE = {name: {name} for name in ALL}
 REACHABLE["cobol"] = {"cobol", "c"}
 REACHABLE["haskell"] = {"haskell", "c"}
-# full sandbox runs (the others are covered by the per-toolchain container): one per back end
-E2E = ["c", "haskell", "java", "go"]
+# runs at once (2 cores: compilers are CPU-bound, sandbox start-up is not)
+PARALLEL = 3
 
 
 def _render(tmp_path: Path) -> Path:
@@ -156,7 +158,7 @@ def toolchain_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def toolchain_image(toolchain_env: Path) -> dict[str, Any]:
+def toolchain_image(toolchain_env: Path) -> Iterator[dict[str, Any]]:
     """Built once per session; its build time and size are recorded in the first test."""
     started = time.monotonic()
     proc = subprocess.run(
@@ -172,23 +174,84 @@ def toolchain_image(toolchain_env: Path) -> dict[str, Any]:
     _docker("image", "rm", "-f", TAG)
 
 
-def _in_image(image: str, *command: str, user: str = "root") -> Any:
+def _in_image(image: str, *command: str) -> Any:
     proc = _docker(
         "run",
         "--rm",
         "--network=none",
-        "--user",
-        user,
         "--workdir",
         "/workdir",
         image,
-        "/root/.venv/bin/python" if user == "root" else "python3",
+        "/root/.venv/bin/python",
         "-I",
         *command,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout)
+
+
+def _fake_model_run(image: str, env_dir: Path, out: Path, name: str) -> dict[str, Any]:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            KAROTTE,
+            "run",
+            "--task",
+            f"sum-of-squares-{name}",
+            "--fake-model",
+            "--runtime",
+            "docker",
+            "--image",
+            image,
+            "--out",
+            str(out),
+            "--no-ui",
+        ],
+        cwd=env_dir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    result: dict[str, Any] = {
+        "returncode": proc.returncode,
+        "stderr": proc.stderr[-4000:],
+        "seconds": time.monotonic() - started,
+    }
+    if (out / "transcript.json").exists():
+        result["transcript"] = json.loads((out / "transcript.json").read_text())
+    return result
+
+
+@pytest.fixture(scope="session")
+def selftests(toolchain_image: dict[str, Any]) -> dict[str, Any]:
+    """`selftest NAME` for every toolchain, each in its own fresh container, a few at once."""
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {
+            name: pool.submit(
+                _in_image, toolchain_image["tag"], "-m", "environment.toolchains", "selftest", name
+            )
+            for name in ALL
+        }
+        return {name: future for name, future in futures.items()}
+
+
+@pytest.fixture(scope="session")
+def fake_model_runs(
+    toolchain_image: dict[str, Any],
+    toolchain_env: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """`karotte run --fake-model` of every sum-of-squares task in a docker sandbox."""
+    root = tmp_path_factory.mktemp("toolchain-runs")
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {
+            name: pool.submit(
+                _fake_model_run, toolchain_image["tag"], toolchain_env, root / name, name
+            )
+            for name in ALL
+        }
+        return {name: future for name, future in futures.items()}
 
 
 @pytest.mark.requires_docker
@@ -208,14 +271,16 @@ def test_image_builds_and_locks_every_toolchain(
     assert sorted(probes) == sorted(ALL)
     for name, probe in probes.items():
         assert not probe["works"], (name, probe)
-        assert "Permission denied" in probe["output"] or "denied" in probe["output"], (name, probe)
+        assert "Permission denied" in probe["output"], (name, probe)
 
 
 @pytest.mark.requires_docker
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
-def test_toolchain_in_image(toolchain_image: dict[str, Any], name: str) -> None:
-    report = _in_image(toolchain_image["tag"], "-m", "environment.toolchains", "selftest", name)
+def test_toolchain_in_image(selftests: dict[str, Any], name: str) -> None:
+    """Granted like the task's pre_hook: the good program builds, runs and scores 1.0 as the
+    student, the wrong one 0.0, and only the documented toolchains can be used."""
+    report = selftests[name].result()
     build = report["build"]
     assert build["compile_ok"], build
     assert build["run_exit"] == 0 and build["run_output"].strip() == "14", build
@@ -224,41 +289,31 @@ def test_toolchain_in_image(toolchain_image: dict[str, Any], name: str) -> None:
     reachable = {other for other, probe in report["probes"].items() if probe["works"]}
     assert reachable == REACHABLE[name], report["probes"]
     for other in set(ALL) - REACHABLE[name]:
-        assert "denied" in report["probes"][other]["output"], (other, report["probes"][other])
+        output = report["probes"][other]["output"]
+        # locked: the front end cannot start (EACCES), or gcc finds no cc1plus it may execute
+        assert "Permission denied" in output or "cannot execute" in output, (other, output)
 
 
 @pytest.mark.requires_docker
 @pytest.mark.slow
-@pytest.mark.parametrize("name", E2E)
-def test_fake_model_run_in_a_sandbox(
-    toolchain_image: dict[str, Any], toolchain_env: Path, tmp_path: Path, name: str
+@pytest.mark.parametrize("name", ALL)
+def test_fake_model_solves_the_task_in_a_sandbox(
+    fake_model_runs: dict[str, Any], name: str
 ) -> None:
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            KAROTTE,
-            "run",
-            "--task",
-            f"sum-of-squares-{name}",
-            "--fake-model",
-            "--runtime",
-            "docker",
-            "--image",
-            toolchain_image["tag"],
-            "--out",
-            str(out),
-            "--no-ui",
-        ],
-        cwd=toolchain_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    transcript = json.loads((out / "transcript.json").read_text())
+    """The whole path: pre_hook grant, the build tool over MCP as the student in a real sandbox
+    (its /tmp is noexec), custody, ProgramOutputJudge."""
+    result = fake_model_runs[name].result()
+    assert result["returncode"] == 0, result["stderr"]
+    transcript = result["transcript"]
     completed = next(e for e in reversed(transcript["events"]) if e["type"] == "task_completed")
     assert transcript["status"] == "passed", completed
     assert completed["scores"] == [1.0]
-    # the build tool ran the program for the model: its output (14) came back
-    text = json.dumps(transcript["events"])
-    assert "[exit code 0]" in text and "14" in text
+    hook = next(e for e in transcript["events"] if e.get("hook") == "pre_hook")
+    assert hook["result"]["toolchain"] == name
+    (build,) = [
+        e
+        for e in transcript["events"]
+        if e["type"] == "tool_call_completed" and e["name"] == "build"
+    ]
+    assert not build["is_error"], build["output"]
+    assert "[exit code 0]" in build["output"] and "\n14\n" in build["output"]

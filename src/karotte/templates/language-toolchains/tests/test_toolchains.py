@@ -139,3 +139,43 @@ def test_fake_model_solves_the_c_task_locally(tmp_path: Path) -> None:
     completed = [e for e in data["events"] if e["type"] == "task_completed"][-1]
     assert completed["status"] == "passed", proc.stderr
     assert completed["scores"] == [1.0]
+
+
+# --- the runner behind `build` and the judge (as the current user here) -----------------------
+
+
+def _run(script: str, **kwargs: object):
+    from environment.toolchains.runner import run_student
+
+    options: dict = {"identity": None, "cwd": "/tmp", "timeout_s": 5.0, "limit_chars": 1000}
+    options.update(kwargs)
+    return asyncio.run(run_student(["bash", "-c", script], **options))
+
+
+def test_runner_collects_output_and_exit_code() -> None:
+    done = _run("read n; echo out $((n * 2)); echo err >&2; exit 3", stdin=b"21\n")
+    assert done.exit_code == 3 and not done.timed_out
+    assert "out 42" in done.output and "err" in done.output
+
+
+def test_runner_times_out_and_kills_what_it_started() -> None:
+    done = _run("sleep 1000 & setsid sleep 1001 & sleep 1002", timeout_s=1.0)
+    assert done.timed_out and done.exit_code is None
+    leftover = subprocess.run(["pgrep", "-f", "sleep 100[012]"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+def test_runner_does_not_wait_for_background_children() -> None:
+    done = _run("sleep 1003 & echo started", timeout_s=20.0)
+    assert done.exit_code == 0 and "started" in done.output and done.seconds < 10
+    leftover = subprocess.run(["pgrep", "-f", "sleep 1003"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+def test_runner_cuts_long_output_and_stops_a_flood() -> None:
+    done = _run("seq 1 100000", limit_chars=1000)
+    assert done.exit_code == 0 and "bytes of output cut" in done.output
+    assert done.output.startswith("1\n2\n") and done.output.rstrip().endswith("100000")
+    assert len(done.output) < 1200
+    flood = _run("cat /dev/zero", timeout_s=60.0)
+    assert flood.flooded and flood.exit_code is None and flood.seconds < 60

@@ -110,79 +110,104 @@ async def run_student(
     stdin: bytes | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> Completed:
-    """Run ``argv`` as ``identity`` (None: the current user) and collect its merged output."""
+    """Run ``argv`` as ``identity`` (None: the current user) and collect its merged output.
+
+    stdout and stderr share one pipe that is read as data arrives, into a bounded head + tail
+    buffer. The call ends when the process exits (children it left behind are killed then, so
+    they cannot hold the call open), on ``timeout_s``, or when more than ``MAX_READ_BYTES``
+    arrive; everything it started is killed in every case.
+    """
+    loop = asyncio.get_running_loop()
     marker = secrets.token_hex(16)
     extra = {**(extra_env or {}), MARKER: marker}
     env = demoted_env(identity, extra, inherit_path=identity is None)
     uid = identity.uid if identity is not None else os.getuid()
     started = time.monotonic()
     buffer = _Bounded(limit_chars)
+    read_fd, write_fd = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
             env=env,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stdout=write_fd,
+            stderr=write_fd,
             preexec_fn=preexec_for(identity),
             start_new_session=True,
         )
     except OSError as exc:
-        return Completed(argv, 127, f"cannot start {argv[0]}: {exc.strerror or exc}", seconds=0.0)
-    assert proc.stdout is not None
-    timed_out = flooded = False
+        os.close(read_fd)
+        return Completed(argv, 127, f"cannot start {argv[0]}: {exc.strerror or exc}")
+    finally:
+        os.close(write_fd)
+    os.set_blocking(read_fd, False)
+    eof = asyncio.Event()
+    flood = asyncio.Event()
+
+    def on_readable() -> None:
+        while True:
+            try:
+                chunk = os.read(read_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                loop.remove_reader(read_fd)
+                eof.set()
+                return
+            buffer.add(chunk)
+            if buffer.total > MAX_READ_BYTES:
+                loop.remove_reader(read_fd)  # stop reading: the writer blocks until killed
+                flood.set()
+                return
+
+    loop.add_reader(read_fd, on_readable)
 
     async def feed() -> None:
         if stdin is None or proc.stdin is None:
             return
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write(stdin)
             await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        finally:
-            proc.stdin.close()
+        proc.stdin.close()
 
-    async def pump() -> None:
-        nonlocal flooded
-        while True:
-            chunk = await proc.stdout.read(65536)  # type: ignore[union-attr]
-            if not chunk:
-                return
-            buffer.add(chunk)
-            if buffer.total > MAX_READ_BYTES:
-                flooded = True
-                return
+    async def exited() -> None:
+        while proc.returncode is None:
+            await asyncio.sleep(0.02)
 
     feeder = asyncio.create_task(feed())
-    reader = asyncio.create_task(pump())
+    waiter = asyncio.create_task(exited())
+    flooded = asyncio.create_task(flood.wait())
+    timed_out = False
     try:
         async with asyncio.timeout(timeout_s):
-            await asyncio.wait({reader}, return_when=asyncio.FIRST_COMPLETED)
-            if flooded:
-                raise TimeoutError
-            await proc.wait()
+            await asyncio.wait({waiter, flooded}, return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
-        timed_out = not flooded
+        timed_out = True
     finally:
         _kill_all(proc.pid, marker, uid)
-        if not reader.done():
-            # a background child may hold the pipe open: give it a moment, then stop reading
-            try:
-                await asyncio.wait_for(asyncio.shield(reader), 0.5)
-            except TimeoutError:
-                reader.cancel()
-        feeder.cancel()
+        if not flood.is_set() and not eof.is_set():
+            # what the killed writers left in the pipe is still read, briefly
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(eof.wait(), 0.5)
+        loop.remove_reader(read_fd)
+        os.close(read_fd)
+        for task in (feeder, waiter, flooded):
+            task.cancel()
+        if proc.stdin is not None:
+            proc.stdin.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 5)
-    exit_code = None if timed_out or flooded else proc.returncode
+    was_flooded = flood.is_set()
+    timed_out = timed_out and not was_flooded
     return Completed(
         argv,
-        exit_code,
+        None if timed_out or was_flooded else proc.returncode,
         buffer.text(),
         timed_out=timed_out,
-        flooded=flooded,
+        flooded=was_flooded,
         seconds=time.monotonic() - started,
     )
 
@@ -198,9 +223,25 @@ class BuildResult:
         return self.compiled is None or self.compiled.ok
 
 
+def _make_build_dir(home: str) -> str:
+    """Runs as the student: a fresh directory in the first place the student may write to
+    whose file system allows executing programs (sandboxes mount /tmp noexec)."""
+    for place in ("/tmp", "/var/tmp", os.path.join(home, ".build")):
+        if place.endswith("/.build") and not os.path.isdir(place):
+            os.mkdir(place, 0o700)
+        try:
+            usable = os.path.isdir(place) and not os.statvfs(place).f_flag & os.ST_NOEXEC
+        except OSError:
+            continue
+        if usable and os.access(place, os.W_OK | os.X_OK):
+            return tempfile.mkdtemp(prefix="build-", dir=place)
+    raise RuntimeError("no place the student may write to allows executing programs")
+
+
 def make_build_dir(identity: Identity | None) -> str:
-    """A fresh private directory under /tmp owned by the student (created as the student)."""
-    return run_as(identity, tempfile.mkdtemp, prefix="build-", dir="/tmp", timeout_s=10)
+    """A fresh private build directory, created as the student, where programs may run."""
+    home = identity.home if identity is not None else os.path.expanduser("~")
+    return run_as(identity, _make_build_dir, home, timeout_s=10)
 
 
 def remove_build_dir(identity: Identity | None, directory: str) -> None:
