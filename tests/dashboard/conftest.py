@@ -147,8 +147,10 @@ def serve() -> Iterator[Callable[[Path], Server]]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # module scope, not session: Playwright's sync API keeps an asyncio loop running in this
+    # thread while it is open, and later tests that call asyncio.run() must not see it
     path = chromium_path()
     if path is None:
         pytest.skip("requires_browser: chromium not installed (scripts/setup-browser.sh)")
