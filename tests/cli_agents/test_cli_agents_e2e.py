@@ -105,7 +105,7 @@ def files_hold(roots: list[Path], needle: str) -> list[str]:
 
 
 def run_agent(
-    name: str, model: str, base_suffix: str, student: Identity
+    name: str, model: str, base_suffix: str, student: Identity, tmp_path: Path
 ) -> tuple[Any, EventRecorder, StubModel, dict[str, Any]]:
     real_key = REAL_PREFIX + secrets.token_hex(12)
     stub = StubModel(Script(command=STUDENT_VIEW)).start()
@@ -128,6 +128,7 @@ def run_agent(
         max_turns=8,
         step_time_limit_s=120,
         tool_timeout_s=30,
+        transcript_file=tmp_path / "transcript.json",
     )
     recorder = EventRecorder(config.run_id, config.task_id, config.model)
     state_dirs: list[Path] = []
@@ -158,6 +159,7 @@ def run_agent(
     finally:
         stub.stop()
     seen["real_key"] = real_key
+    seen["raw"] = sorted(config.artifacts_dir.glob("cli-agent/step-*.jsonl"))
     seen["wall_s"] = time.monotonic() - started
     return done, recorder, stub, seen
 
@@ -228,20 +230,30 @@ def check_run(
     assert stub.script.tool_calls_made == 1
     step1 = [e for e in recorder.events if getattr(e, "step_index", None) == 1]
     assert [e.type for e in step1][:2] == ["step_started", "message_added"]
+    # the CLI's own stream is kept as an artifact, one file per step, without the key
+    assert [p.name for p in seen["raw"]] == ["step-0.jsonl", "step-1.jsonl"]
+    assert all(seen["real_key"] not in p.read_text() for p in seen["raw"])
+    if os.environ.get("KAROTTE_DEBUG_CLI"):
+        for p in seen["raw"]:
+            print(p.read_text())
     # usage is per model call: the stub reports 100 in / 20 out for each request
     posts = len(model_requests)
     assert done.usage.input_tokens == 100 * posts, (done.usage, posts)
 
 
-def test_claude_code(claude_code_dir: Path, agents_from: Any, student: Identity) -> None:
+def test_claude_code(
+    claude_code_dir: Path, agents_from: Any, student: Identity, tmp_path: Path
+) -> None:
     agents_from(claude_code_dir)
-    done, recorder, stub, seen = run_agent("claude-code", "anthropic/claude-stub-1", "", student)
+    done, recorder, stub, seen = run_agent(
+        "claude-code", "anthropic/claude-stub-1", "", student, tmp_path
+    )
     check_run(done, recorder, stub, seen, student, "x-api-key")
     print(f"claude-code: wall {seen['wall_s']:.1f}s, steps {seen['timings']}")
 
 
-def test_codex(codex_dir: Path, agents_from: Any, student: Identity) -> None:
+def test_codex(codex_dir: Path, agents_from: Any, student: Identity, tmp_path: Path) -> None:
     agents_from(codex_dir)
-    done, recorder, stub, seen = run_agent("codex", "openai/gpt-stub-1", "/v1", student)
+    done, recorder, stub, seen = run_agent("codex", "openai/gpt-stub-1", "/v1", student, tmp_path)
     check_run(done, recorder, stub, seen, student, "authorization")
     print(f"codex: wall {seen['wall_s']:.1f}s, steps {seen['timings']}")

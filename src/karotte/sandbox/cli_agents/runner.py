@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from karotte.errors import ConfigError, KarotteError, ModelError
 from karotte.events import MessageAdded, StopReason, TokenUsage, ToolCallCompleted, ToolCallStarted
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 STREAM_LINE_LIMIT = 64 * 1024 * 1024
 STDERR_KEEP = 8000
+RAW_LOG_LIMIT = 64 * 1024 * 1024  # per step
 PROVIDER_DEFAULTS = {
     "anthropic": ("https://api.anthropic.com", ("ANTHROPIC_BASE_URL",), "ANTHROPIC_API_KEY"),
     "openai": (
@@ -206,6 +207,17 @@ async def open_cli_toolbox(config: EvaluationRunConfig, task: Task) -> AsyncIter
         await close_tools(tools)
         shutil.rmtree(state_dir, ignore_errors=True)
         shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def open_raw_log(config: EvaluationRunConfig, step_index: int) -> BinaryIO | None:
+    """The CLI's own JSON lines of one step, kept as an artifact (``cli-agent/step-N.jsonl``)."""
+    try:
+        directory = config.artifacts_dir / "cli-agent"
+        directory.mkdir(parents=True, exist_ok=True)
+        return open(directory / f"step-{step_index}.jsonl", "wb")
+    except OSError as exc:
+        print(f"karotte: cannot keep the CLI agent's stream: {exc}", file=sys.stderr)
+        return None
 
 
 def _check_no_key(
@@ -361,6 +373,8 @@ async def run_cli_agent_step(
     drain = asyncio.create_task(_drain(proc.stderr, stderr))
     first_event_at: float | None = None
     stop: StopReason | None = None
+    raw_log = open_raw_log(session.config, step_index)
+    logged = 0
     try:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write(ctx.prompt.encode())
@@ -375,6 +389,9 @@ async def run_cli_agent_step(
                 if not isinstance(event, dict):
                     continue
                 first_event_at = first_event_at or time.monotonic()
+                if raw_log is not None and logged < RAW_LOG_LIMIT:
+                    raw_log.write(line)
+                    logged += len(line)
                 for item in parser.feed(event):
                     if isinstance(item, Usage) and parser.cumulative_usage:
                         item = Usage(usage_since(session.usage_total, item.usage))
@@ -391,6 +408,8 @@ async def run_cli_agent_step(
         with contextlib.suppress(BaseException):
             await drain
         emitter.flush()
+        if raw_log is not None:
+            raw_log.close()
     session.session_id = parser.session_id or session.session_id
     session.timings.append(
         {
