@@ -86,6 +86,13 @@ def _run(
     )
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def _transcript(path: Path) -> dict[str, object]:
     data: dict[str, object] = json.loads(path.read_text())
     return data
@@ -118,6 +125,8 @@ def test_example_task_passes(env_dir: Path, tmp_path: Path, runtime_name: str) -
     # the sandbox is gone, the run config is there (unreadable to others: it may hold a key)
     assert runtime.list_sandboxes({LABEL_RUN_ID: str(transcript["run_id"])}) == []
     assert (out / "transcript.run_config.json").stat().st_mode & 0o077 == 0
+    # the live event stream is gone once the complete transcript is there
+    assert not (out / "transcript.events.jsonl").exists()
 
 
 @pytest.mark.requires_docker
@@ -181,21 +190,29 @@ def test_sandbox_dying_without_transcript_leaves_an_infra_transcript(
         "#!/bin/sh\n"
         'echo \'{"type": "step_started", "step_index": 0, "instructions": "hi"}\'\n'
         "echo 'a plain log line on stdout'\n"
+        "sleep 4\n"
         "echo 'dying now' >&2\n"
         "exit 3\n"
     )
     fake.chmod(0o755)
     out = tmp_path / "out"
-    proc = _run(
-        env_dir,
-        out,
-        "--runtime",
-        "docker",
-        "--image",
-        image,
-        "--mount",
-        f"{fake}:/root/.venv/bin/karotte:ro",
+    argv = [KAROTTE, "run", "--task", TASK, "--fake-model", "--out", str(out), "--no-ui"]
+    argv += ["--runtime", "docker", "--image", image]
+    argv += ["--mount", f"{fake}:/root/.venv/bin/karotte:ro"]
+    launcher = subprocess.Popen(
+        argv, cwd=env_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    # while the sandbox runs, its events are already on disk for the live dashboard
+    stream = out / "transcript.events.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "step_started" not in _read(stream):
+        time.sleep(0.1)
+    assert launcher.poll() is None, "the stream should be live before the run ends"
+    assert json.loads(_read(stream).splitlines()[0])["type"] == "step_started"
+    assert "plain log line" not in _read(stream)  # only events
+    assert stream.stat().st_mode & 0o077 == 0
+    stdout, stderr = launcher.communicate(timeout=600)
+    proc = subprocess.CompletedProcess(argv, launcher.returncode, stdout, stderr)
     assert proc.returncode == 1
     assert "a plain log line on stdout" in proc.stderr
     transcript = _transcript(out / "transcript.json")
@@ -205,6 +222,7 @@ def test_sandbox_dying_without_transcript_leaves_an_infra_transcript(
     assert isinstance(events, list)
     assert [e["type"] for e in events] == ["step_started", "error", "task_completed"]
     assert "code 3" in events[1]["message"] and "dying now" in events[1]["message"]
+    assert not stream.exists()  # the launcher's transcript is complete: the stream went
 
 
 @pytest.mark.requires_docker

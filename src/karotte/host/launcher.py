@@ -174,6 +174,12 @@ class RunSlot:
     def host_run_config(self) -> Path:
         return self.out_dir / f"{self.name}.run_config.json"
 
+    @property
+    def host_event_stream(self) -> Path:
+        """The run's events as they arrive (JSON lines), for the live dashboard; removed once
+        the complete transcript is written."""
+        return self.out_dir / f"{self.name}.events.jsonl"
+
     def completed(self) -> TaskCompleted | None:
         for event in reversed(self.events):
             if isinstance(event, TaskCompleted):
@@ -543,9 +549,24 @@ class Launcher:
             self.display.log(slot, line)
             return
         slot.events.append(event)
+        self._append_event_line(slot, line)
         slot.detail = event.type
         self.display.event(slot, event)
         self.display.update(slot)
+
+    def _append_event_line(self, slot: RunSlot, line: str) -> None:
+        """Append to the live event stream (root-only); a full disk costs the live view, never
+        the run."""
+        try:
+            fd = os.open(
+                slot.host_event_stream,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                0o600,
+            )
+            with os.fdopen(fd, "a", encoding="utf-8") as stream:
+                stream.write(line + "\n")
+        except OSError as exc:
+            log.debug("event stream %s: %s", slot.host_event_stream, exc)
 
     def _on_stderr(self, slot: RunSlot, line: str) -> None:
         slot.stderr_tail.append(line)
@@ -653,6 +674,10 @@ class Launcher:
             message = f"{why}\nlast sandbox stderr:\n{tail}" if tail else why
             write_infra_transcript(slot, message, kind)
             slot.state = "error"
+        for slot in self.slots:
+            done = read_transcript(slot.host_transcript, slot.run_id)
+            if done is not None and done.completed() is not None:
+                slot.host_event_stream.unlink(missing_ok=True)
 
     def run(self) -> LaunchResult:
         self.check_runtime()
