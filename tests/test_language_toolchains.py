@@ -288,6 +288,15 @@ def test_toolchain_in_image(selftests: dict[str, Any], name: str) -> None:
     assert report["score_wrong"] == 0.0, report["score_wrong_metadata"]
     reachable = {other for other, probe in report["probes"].items() if probe["works"]}
     assert reachable == REACHABLE[name], report["probes"]
+    # back ends and runtimes, run directly: the assembler and linker only where a front end
+    # needs them, the JDK only for Java, the Java compiler module nowhere but in a Java task
+    commands = {command for command, code in report["commands"].items() if code == 0}
+    expected = set()
+    if name not in {"java", "clojure", "go", "common-lisp"}:
+        expected |= {"as", "ld"}
+    if name == "java":
+        expected |= {"jdk-java", "javac-module"}
+    assert commands == expected, report["commands"]
     for other in set(ALL) - REACHABLE[name]:
         output = report["probes"][other]["output"]
         # locked: the front end cannot start (EACCES), or gcc finds no cc1plus it may execute

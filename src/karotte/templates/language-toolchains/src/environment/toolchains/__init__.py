@@ -129,7 +129,7 @@ TOOLCHAINS: dict[str, Toolchain] = {
             "clojure",
             "Clojure 1.11 (on OpenJDK 17)",
             ("clojure",),
-            ("jvm", "clojure"),
+            ("clojure-jre", "clojure"),
             ".clj",
             None,
             ("clojure", "{src}"),

@@ -55,6 +55,38 @@ async def _probes(identity: Any) -> dict[str, Any]:
     return reachable
 
 
+# Back ends and runtimes, tried directly as the student (exit code 0 = usable).
+COMMANDS = {
+    "as": ["as", "--version"],
+    "ld": ["ld", "--version"],
+    "jdk-java": ["/usr/lib/jvm/java-17-openjdk-amd64/bin/java", "-version"],
+    "javac-module": [
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        "-m",
+        "jdk.compiler/com.sun.tools.javac.Main",
+        "-version",
+    ],
+    "javac-module-clojure-jre": [
+        "/opt/clojure-jre/bin/java",
+        "-m",
+        "jdk.compiler/com.sun.tools.javac.Main",
+        "-version",
+    ],
+}
+
+
+async def _commands(identity: Any) -> dict[str, int | None]:
+    from environment.toolchains.runner import run_student
+
+    codes: dict[str, int | None] = {}
+    for name, argv in COMMANDS.items():
+        done = await run_student(
+            argv, identity=identity, cwd="/", timeout_s=60, limit_chars=1000
+        )
+        codes[name] = done.exit_code
+    return codes
+
+
 async def _selftest(name: str) -> dict[str, Any]:
     from karotte.config import EvaluationRunConfig
     from karotte.judges.base import JudgeContext
@@ -104,6 +136,7 @@ async def _selftest(name: str) -> dict[str, Any]:
         report[f"score_{kind}_metadata"] = scoring.metadata
         report[f"score_{kind}_seconds"] = round(time.monotonic() - started, 2)
     report["probes"] = await _probes(identity)
+    report["commands"] = await _commands(identity)
     return report
 
 

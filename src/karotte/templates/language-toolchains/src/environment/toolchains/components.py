@@ -73,7 +73,10 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
         f"{JDK}/bin/jstatd",
         f"{JDK}/bin/serialver",
     ),
+    # a Java runtime without the Java compiler, linked at build for Clojure (see Containerfile)
+    "clojure-jre": ("/opt/clojure-jre",),
     "clojure": (
+        "/usr/local/bin/clojure",
         "/usr/share/java/clojure-1.11.1.jar",
         "/usr/share/java/spec.alpha-*.jar",
         "/usr/share/java/core.specs.alpha-*.jar",
