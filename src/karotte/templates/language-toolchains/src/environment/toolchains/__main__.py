@@ -80,9 +80,7 @@ async def _commands(identity: Any) -> dict[str, int | None]:
 
     codes: dict[str, int | None] = {}
     for name, argv in COMMANDS.items():
-        done = await run_student(
-            argv, identity=identity, cwd="/", timeout_s=60, limit_chars=1000
-        )
+        done = await run_student(argv, identity=identity, cwd="/", timeout_s=60, limit_chars=1000)
         codes[name] = done.exit_code
     return codes
 
