@@ -27,10 +27,10 @@ CACHE = Path(os.environ.get("KAROTTE_TEST_CLI_AGENTS_DIR", "/var/tmp/karotte-tes
 INSTALL_TIMEOUT_S = 600
 
 
-def _install(name: str) -> Path:
+def _install(name: str, env: dict[str, str] | None = None) -> Path:
     """Install adapter ``name`` into the cache (once per version); skip with the reason."""
     adapter = get_adapter(name)
-    if shutil.which("npm") is None or shutil.which("node") is None:
+    if env is None and (shutil.which("npm") is None or shutil.which("node") is None):
         pytest.skip(f"{name}: needs node and npm (run scripts/setup-cli-agents.sh)")
     root = CACHE / adapter.version
     prefix = root / adapter.name
@@ -48,12 +48,13 @@ def _install(name: str) -> Path:
         text=True,
         timeout=INSTALL_TIMEOUT_S,
         check=False,
+        env={**os.environ, **(env or {})},
     )
     problem = adapter.check_installed(prefix)
     if proc.returncode != 0 or problem:
         shutil.rmtree(prefix, ignore_errors=True)
         pytest.skip(
-            f"{name}: installing {adapter.package}@{adapter.version} failed (npm registry "
+            f"{name}: installing {adapter.package} {adapter.version} failed (package registry "
             f"unreachable?): {(proc.stderr or problem or '').strip()[-400:]}"
         )
     subprocess.run(["chmod", "-R", "go-w,go+rX", str(prefix)], check=True)
@@ -68,6 +69,44 @@ def claude_code_dir() -> Path:
 @pytest.fixture(scope="session")
 def codex_dir() -> Path:
     return _install("codex")
+
+
+def python_312() -> str | None:
+    """A Python >= 3.12 on this machine (Debian 12 has 3.11): $KAROTTE_TEST_PYTHON, one on PATH,
+    or a pyenv build."""
+    candidates = [os.environ.get("KAROTTE_TEST_PYTHON", "")]
+    candidates += [shutil.which(n) or "" for n in ("python3.14", "python3.13", "python3.12")]
+    candidates += sorted(
+        str(p) for p in Path("/root/.pyenv/versions").glob("3.1[2-9]*/bin/python3")
+    )
+    for candidate in filter(None, candidates):
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether another user can execute ``path`` (every parent directory traversable)."""
+    real = Path(os.path.realpath(path))
+    return all(p.stat().st_mode & 0o001 for p in [real, *real.parents])
+
+
+@pytest.fixture(scope="session")
+def mistral_vibe_dir() -> tuple[Path, bool]:
+    """The Vibe install and whether a student can run it (its Python must be reachable)."""
+    python = python_312()
+    if python is None:
+        pytest.skip(
+            "mistral-vibe: no Python >= 3.12 on this machine (Debian 12 ships 3.11; set "
+            "KAROTTE_TEST_PYTHON): the Mistral Vibe adapter is not exercised"
+        )
+    return _install("mistral-vibe", {"KAROTTE_PYTHON": python}), reachable_by_others(python)
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ class Script:
     command: str
     final_text: str = FINAL_TEXT
     tool_calls_made: int = 0
+    # call this (native) tool instead when the CLI offers it and no Karotte bash tool
+    native_tool: str | None = None
 
 
 @dataclass
@@ -91,11 +93,15 @@ class StubModel:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            def send_sse(self, events: list[tuple[str | None, dict[str, Any]]]) -> None:
+            def send_sse(
+                self, events: list[tuple[str | None, dict[str, Any]]], done: bool = False
+            ) -> None:
                 chunks = []
                 for name, data in events:
                     head = f"event: {name}\n" if name else ""
                     chunks.append(f"{head}data: {json.dumps(data)}\n\n")
+                if done:  # OpenAI chat streams end with a [DONE] line
+                    chunks.append("data: [DONE]\n\n")
                 payload = "".join(chunks).encode()
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
@@ -130,6 +136,8 @@ class StubModel:
     def decide(self, tool_names: list[str], has_tool_result: bool) -> tuple[str, str] | str:
         """``(tool_name, command)`` to call the MCP bash tool, else the text to answer."""
         bash = [n for n in tool_names if "karotte" in n and n.endswith("bash")]
+        if not bash and self.script.native_tool in tool_names:
+            bash = [self.script.native_tool]
         if bash and not has_tool_result:
             with self.lock:
                 self.script.tool_calls_made += 1
@@ -344,5 +352,6 @@ class StubModel:
                         "usage": usage,
                     },
                 ),
-            ]
+            ],
+            done=True,
         )

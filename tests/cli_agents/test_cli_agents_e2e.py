@@ -39,7 +39,8 @@ STUDENT_VIEW = (
     "echo KAROTTE-MARK; id -un; "
     "for d in /proc/[0-9]*; do [ -O $d ] && tr '\\0' '\\n' < $d/environ; done 2>/dev/null "
     "| sort -u; "
-    "grep -rl 'sk-real''-secret' \"$HOME\" /tmp/karotte-cli-* 2>/dev/null | head -5; echo SCAN-DONE"
+    'find "$HOME" /tmp/karotte-cli-* -xdev -maxdepth 4 -type f -size -2M 2>/dev/null '
+    "| xargs -r grep -l 'sk-real''-secret' 2>/dev/null | head -5; echo SCAN-DONE"
 )
 
 
@@ -75,13 +76,14 @@ async def no_custody(config: EvaluationRunConfig, paths: list[str]) -> dict[str,
     return {}
 
 
-def student_processes_hold(uid: int, needle: str) -> bool:
-    """Root's view: does any process of ``uid`` have ``needle`` in its environment?"""
+def student_processes_hold(uid: int | None, needle: str) -> bool:
+    """Root's view: does any process of ``uid`` (None: any process) have ``needle`` in its
+    environment?"""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if entry.stat().st_uid != uid:
+            if uid is not None and entry.stat().st_uid != uid:
                 continue
             if needle.encode() in (entry / "environ").read_bytes():
                 return True
@@ -105,16 +107,23 @@ def files_hold(roots: list[Path], needle: str) -> list[str]:
 
 
 def run_agent(
-    name: str, model: str, base_suffix: str, student: Identity, tmp_path: Path
+    name: str,
+    model: str,
+    base_suffix: str,
+    student: Identity | None,
+    tmp_path: Path,
+    native_tool: str | None = None,
 ) -> tuple[Any, EventRecorder, StubModel, dict[str, Any]]:
     real_key = REAL_PREFIX + secrets.token_hex(12)
-    stub = StubModel(Script(command=STUDENT_VIEW)).start()
+    stub = StubModel(Script(command=STUDENT_VIEW, native_tool=native_tool)).start()
     seen: dict[str, Any] = {"key_in_student_env": False, "placeholder_in_student_env": False}
 
+    uid = student.uid if student is not None else None
+
     def look() -> None:
-        if student_processes_hold(student.uid, real_key):
+        if student_processes_hold(uid, real_key):
             seen["key_in_student_env"] = True
-        if student_processes_hold(student.uid, "karotte-placeholder-"):
+        if student_processes_hold(uid, "karotte-placeholder-"):
             seen["placeholder_in_student_env"] = True
 
     stub.on_request = look
@@ -124,7 +133,7 @@ def run_agent(
         model_api_key=real_key,
         model_api_base=stub.url + base_suffix,
         agent=f"cli:{name}",
-        student_user=student.name,
+        student_user=student.name if student is not None else None,
         max_turns=8,
         step_time_limit_s=120,
         tool_timeout_s=30,
@@ -140,7 +149,8 @@ def run_agent(
         async with open_cli_toolbox(cfg, task) as box:
             state_dirs.extend([box.session.state_dir, box.session.config_dir])
             yield box
-            seen["leaked_files"] = files_hold([*state_dirs, Path(student.home)], real_key)
+            home = [Path(student.home)] if student is not None else []
+            seen["leaked_files"] = files_hold([*state_dirs, *home], real_key)
             seen["timings"] = list(box.session.timings)
 
     started = time.monotonic()
@@ -257,3 +267,42 @@ def test_codex(codex_dir: Path, agents_from: Any, student: Identity, tmp_path: P
     done, recorder, stub, seen = run_agent("codex", "openai/gpt-stub-1", "/v1", student, tmp_path)
     check_run(done, recorder, stub, seen, student, "authorization")
     print(f"codex: wall {seen['wall_s']:.1f}s, steps {seen['timings']}")
+
+
+def test_mistral_vibe(
+    mistral_vibe_dir: tuple[Path, bool], agents_from: Any, student: Identity, tmp_path: Path
+) -> None:
+    """Vibe 3 reaches MCP tools only from TypeScript (its run_typescript tool), so the stub
+    model calls Vibe's native bash tool. Run as the student when its Python is reachable by
+    other users, else (e.g. a Python under /root) as the harness's user with the same clean
+    environment; every process's environment is then checked for the key."""
+    root, as_student = mistral_vibe_dir
+    agents_from(root)
+    done, recorder, stub, seen = run_agent(
+        "mistral-vibe",
+        "mistral/stub-model",
+        "/v1",
+        student if as_student else None,
+        tmp_path,
+        native_tool="bash",
+    )
+    errors = [e.model_dump() for e in recorder.events if e.type == "error"]
+    assert done.status == "passed" and done.scores == [1.0, 1.0], errors
+    step0 = [e for e in recorder.events if getattr(e, "step_index", None) == 0]
+    assert [e.type for e in step0][:5] == [
+        "step_started",
+        "message_added",
+        "tool_call_started",
+        "tool_call_completed",
+        "message_added",
+    ]
+    started, completed = step0[2], step0[3]
+    assert isinstance(started, ToolCallStarted) and started.name == "file_system.bash"
+    assert started.arguments == {"command": STUDENT_VIEW}
+    assert isinstance(completed, ToolCallCompleted) and "KAROTTE-MARK" in completed.output
+    assert "karotte-placeholder-" in completed.output and "sk-real-secret" not in completed.output
+    assert seen["placeholder_in_student_env"] and not seen["key_in_student_env"]
+    assert seen["leaked_files"] == []
+    posts = [r for r in stub.requests if r.method == "POST"]
+    assert posts and all(seen["real_key"] in r.headers.get("authorization", "") for r in posts)
+    print(f"mistral-vibe (as student: {as_student}): wall {seen['wall_s']:.1f}s, {seen['timings']}")

@@ -200,26 +200,38 @@ def test_codex_failures() -> None:
     )
 
 
-def test_vibe_messages() -> None:
+def test_vibe_entries() -> None:
+    parser = VibeStreamParser()
+    effect = {
+        "id": "effect-1",
+        "sessionId": "vs-1",
+        "type": "effect",
+        "title": "file_system.bash",
+        "detail": {"toolName": "file_system.bash", "kind": "shell", "input": {"command": "ls"}},
+        "state": {"status": "completed", "outputText": "a\n", "display": {"success": True}},
+    }
     items = feed_all(
-        VibeStreamParser(),
+        parser,
         [
-            {"role": "user", "content": "do it"},
+            {"id": "u", "sessionId": "vs-1", "type": "message", "role": "user", "content": []},
+            {**effect, "state": {"status": "running"}},
+            effect,
+            effect,  # the same entry again (updated): reported once
             {
+                "id": "a",
+                "sessionId": "vs-1",
+                "type": "message",
                 "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "c1",
-                        "function": {"name": "karotte_bash", "arguments": '{"command": "ls"}'},
-                    }
-                ],
+                "content": [{"type": "text", "text": "done"}],
             },
-            {"role": "tool", "tool_call_id": "c1", "content": "a"},
-            {"role": "assistant", "content": "done"},
         ],
     )
     call, start, end, answer = items
-    assert isinstance(call, Assistant) and isinstance(start, ToolStart) and start.name == "bash"
-    assert isinstance(end, ToolEnd) and end.name == "bash" and end.output == "a"
+    assert isinstance(call, Assistant) and call.message.tool_calls
+    assert isinstance(start, ToolStart) and start.name == "file_system.bash"
+    assert start.arguments == {"command": "ls"}
+    assert isinstance(end, ToolEnd) and end.output == "a\n" and not end.is_error
     assert isinstance(answer, Assistant) and answer.message.text() == "done"
+    assert parser.end(0) == [Finished("model_done", "vs-1", turns=1)]
+    failed = parser.end(3)[0]
+    assert isinstance(failed, Finished) and failed.stop_reason == "error"

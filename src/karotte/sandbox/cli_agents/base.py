@@ -107,6 +107,10 @@ class StreamParser(ABC):
     @abstractmethod
     def feed(self, event: dict[str, Any]) -> list[Item]: ...
 
+    def end(self, returncode: int) -> list[Item]:
+        """Items once the CLI has exited (for CLIs whose stream has no final event)."""
+        return []
+
 
 def karotte_tool_name(name: str, prefixes: tuple[str, ...]) -> str:
     """``mcp__karotte__bash`` → ``bash``: Karotte's tools keep their own names in events."""
@@ -158,6 +162,10 @@ class CliAgentAdapter(ABC):
         """Files to write before the CLI starts (absolute paths under ``ctx.config_dir`` or
         ``ctx.state_dir``). They may hold the placeholder, never the real key."""
         return {}
+
+    def prompt(self, ctx: StepContext) -> str:
+        """What the CLI reads on stdin: the step's instructions."""
+        return ctx.prompt
 
     @abstractmethod
     def parser(self) -> StreamParser: ...

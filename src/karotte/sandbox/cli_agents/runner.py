@@ -377,7 +377,7 @@ async def run_cli_agent_step(
     logged = 0
     try:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(ctx.prompt.encode())
+            proc.stdin.write(adapter.prompt(ctx).encode())
             await proc.stdin.drain()
             proc.stdin.close()
         async with asyncio.timeout(max(0.0, limits.deadline - time.monotonic())):
@@ -398,6 +398,8 @@ async def run_cli_agent_step(
                         session.usage_total = session.usage_total + item.usage
                     emitter.handle(item)
             await proc.wait()
+            for item in parser.end(proc.returncode if proc.returncode is not None else -1):
+                emitter.handle(item)
     except TimeoutError:
         stop = "time_limit"
     finally:
