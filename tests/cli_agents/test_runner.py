@@ -66,6 +66,10 @@ if mode == "hang":
     with open(os.path.join(os.path.dirname(__file__), "pid"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(600)
+if mode == "flood":
+    print("x" * 5000, flush=True)  # one over-long line
+    for _ in range(300):
+        say({"type": "system", "subtype": "status"})
 if mode == "crash":
     print("boom: the CLI fell over", file=sys.stderr)
     sys.exit(3)
@@ -234,3 +238,20 @@ def test_vibe_refuses_without_python_3_12(tmp_path: Path) -> None:
     assert problem is not None and "Python >= 3.12" in problem
     script = " && ".join(adapter.install_commands(str(tmp_path / "vibe")))
     assert "python3.12" in script and "Debian bookworm ships 3.11" in script
+
+
+def test_a_flooding_cli_is_bounded(
+    scripted_plugin: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from karotte.sandbox.cli_agents import runner
+
+    monkeypatch.setattr(runner, "STREAM_LINE_LIMIT", 1000)
+    done, recorder = run(tmp_path, "flood")  # the long line is skipped, the answer arrives
+    assert done.status == "passed"
+    assert [e.message.text() for e in recorder.events if e.type == "message_added"] == [  # type: ignore[attr-defined]
+        "echo:hello"
+    ]
+    monkeypatch.setattr(runner, "MAX_EVENTS_PER_STEP", 100)
+    done, recorder = run(tmp_path, "flood")
+    completed = [e for e in recorder.events if e.type == "step_completed"]
+    assert completed[0].stop_reason == "error"  # type: ignore[attr-defined]

@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 STREAM_LINE_LIMIT = 64 * 1024 * 1024
 STDERR_KEEP = 8000
 RAW_LOG_LIMIT = 64 * 1024 * 1024  # per step
+# The stream is the student's own account (the student can write to its CLI's stdout too): it
+# is bounded so that it cannot fill the harness's memory. A legitimate step prints far fewer.
+MAX_EVENTS_PER_STEP = 50_000
 PROVIDER_DEFAULTS = {
     "anthropic": ("https://api.anthropic.com", ("ANTHROPIC_BASE_URL",), "ANTHROPIC_API_KEY"),
     "openai": (
@@ -260,6 +263,7 @@ class _Emitter:
     pending: Assistant | None = None
     started: dict[str, float] = field(default_factory=dict)
     turns: int = 0
+    lines: int = 0
     finished: Finished | None = None
     extra_usage: TokenUsage = field(default_factory=TokenUsage)
 
@@ -315,6 +319,15 @@ class _Emitter:
             )
         elif isinstance(item, Finished):
             self.finished = item
+
+
+async def _read_line(stream: asyncio.StreamReader) -> bytes:
+    """The next line; an over-long line (beyond STREAM_LINE_LIMIT) is skipped, not fatal."""
+    while True:
+        try:
+            return await stream.readline()
+        except ValueError:  # asyncio: "chunk exceed the limit"; the buffer was cleared
+            continue
 
 
 async def _drain(stream: asyncio.StreamReader, keep: bytearray) -> None:
@@ -381,7 +394,7 @@ async def run_cli_agent_step(
             await proc.stdin.drain()
             proc.stdin.close()
         async with asyncio.timeout(max(0.0, limits.deadline - time.monotonic())):
-            while line := await proc.stdout.readline():
+            while line := await _read_line(proc.stdout):
                 try:
                     event = json.loads(line)
                 except ValueError:
@@ -389,6 +402,15 @@ async def run_cli_agent_step(
                 if not isinstance(event, dict):
                     continue
                 first_event_at = first_event_at or time.monotonic()
+                emitter.lines += 1
+                if emitter.lines > MAX_EVENTS_PER_STEP:
+                    print(
+                        f"karotte: CLI agent {adapter.name!r} printed more than "
+                        f"{MAX_EVENTS_PER_STEP} events in one step; stopped",
+                        file=sys.stderr,
+                    )
+                    stop = "error"
+                    break
                 if raw_log is not None and logged < RAW_LOG_LIMIT:
                     raw_log.write(line)
                     logged += len(line)
@@ -397,9 +419,10 @@ async def run_cli_agent_step(
                         item = Usage(usage_since(session.usage_total, item.usage))
                         session.usage_total = session.usage_total + item.usage
                     emitter.handle(item)
-            await proc.wait()
-            for item in parser.end(proc.returncode if proc.returncode is not None else -1):
-                emitter.handle(item)
+            if stop is None:
+                await proc.wait()
+                for item in parser.end(proc.returncode if proc.returncode is not None else -1):
+                    emitter.handle(item)
     except TimeoutError:
         stop = "time_limit"
     finally:
