@@ -56,7 +56,7 @@ def qemu_base_argv(kernel: GuestKernel, accel: str, memory_mib: int, vcpus: int)
         "-accel",
         accel,
         "-cpu",
-        "max" if accel == "tcg" else "host",
+        os.environ.get("KAROTTE_QEMU_CPU") or ("max" if accel == "tcg" else "host"),
         "-m",
         str(memory_mib),
         "-smp",
@@ -175,6 +175,11 @@ class QemuRuntime(VmRuntime):
             )
         accel = self.accel(kernel)
         return Availability(ok=True, reason=f"QEMU microvm, {accel}: {self.accel_note}")
+
+    def watchdog_s(self) -> float:
+        # TCG on a busy host can stall a guest for many seconds without it being hung
+        default = "60" if self._accel == "kvm" else "120"
+        return float(os.environ.get("KAROTTE_VM_WATCHDOG_S", default))
 
     def vmm_argv(self, layout: VmLayout) -> list[str]:
         argv = qemu_base_argv(
