@@ -23,10 +23,11 @@ import pytest
 from stub_model import FINAL_TEXT, Script, StubModel  # type: ignore[import-not-found]
 
 from karotte import EvaluationRunConfig, Step, Task
-from karotte.events import MessageAdded, ToolCallCompleted, ToolCallStarted
+from karotte.events import MessageAdded, ToolCallCompleted, ToolCallStarted, Transcript
 from karotte.judges import Judge, RegexJudge
 from karotte.sandbox.cli_agents.runner import open_cli_toolbox, run_cli_agent_step
 from karotte.sandbox.confinement.demote import Identity
+from karotte.sandbox.entry import run_harness
 from karotte.sandbox.harness import run_task
 from karotte.sandbox.model_client import FakeModelClient
 from karotte.sandbox.transcript import EventRecorder
@@ -306,3 +307,35 @@ def test_mistral_vibe(
     posts = [r for r in stub.requests if r.method == "POST"]
     assert posts and all(seen["real_key"] in r.headers.get("authorization", "") for r in posts)
     print(f"mistral-vibe (as student: {as_student}): wall {seen['wall_s']:.1f}s, {seen['timings']}")
+
+
+def test_codex_through_run_harness(
+    codex_dir: Path, agents_from: Any, tmp_path: Path, use_environment: Any
+) -> None:
+    """The whole harness entry (``run_harness``: task discovery, custody, executable judge,
+    transcript file) with ``agent: cli:codex``, as a local run (the harness's own user)."""
+    agents_from(codex_dir)
+    use_environment(Path(__file__).parents[1] / "fixtures" / "envs" / "basic")
+    answer = tmp_path / "answer.txt"
+    stub = StubModel(Script(command=f"echo hello > {answer}", final_text="It is 42.")).start()
+    config = EvaluationRunConfig(
+        task_id="two-steps",
+        model="openai/gpt-stub-1",
+        model_api_key="sk-real-secret-harness",
+        model_api_base=stub.url + "/v1",
+        agent="cli:codex",
+        step_time_limit_s=120,
+        transcript_file=tmp_path / "out" / "transcript.json",
+        extra_config={"answer_path": str(answer)},
+    )
+    try:
+        completed = run_harness(config, events="none")
+    finally:
+        stub.stop()
+    transcript = Transcript.model_validate_json(config.transcript_file.read_text())
+    errors = [e.model_dump() for e in transcript.events if e.type == "error"]
+    assert completed.status == "passed" and completed.scores == [1.0, 1.0], errors
+    assert transcript.events[0].config["agent"] == "cli:codex"  # type: ignore[union-attr]
+    names = [e.name for e in transcript.events if isinstance(e, ToolCallCompleted)]
+    assert names == ["bash"]
+    assert (config.artifacts_dir / "cli-agent" / "step-1.jsonl").is_file()
