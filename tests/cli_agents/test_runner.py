@@ -255,3 +255,36 @@ def test_a_flooding_cli_is_bounded(
     done, recorder = run(tmp_path, "flood")
     completed = [e for e in recorder.events if e.type == "step_completed"]
     assert completed[0].stop_reason == "error"  # type: ignore[attr-defined]
+
+
+@pytest.mark.requires_root
+def test_state_files_are_written_as_the_student(tmp_path: Path, student: Any) -> None:
+    """The state directory is the student's: a planted symlink must not make root write (or
+    chown) anything the student could not."""
+    import types
+
+    from karotte.sandbox.cli_agents.runner import _write_config_files
+
+    secret_dir = tmp_path / "root-only"
+    secret_dir.mkdir(mode=0o700)
+    secret_file = secret_dir / "answer"
+    secret_file.write_text("42")
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chown(state, student.uid, student.gid)
+    tmp_path.chmod(0o755)
+    (state / "codex").symlink_to(secret_dir)
+    (state / "mcp.json").symlink_to(secret_file)
+    session: Any = types.SimpleNamespace(
+        state_dir=state, config_dir=tmp_path / "config", identity=student
+    )
+    for target in (state / "codex" / "config.toml", state / "mcp.json"):
+        with pytest.raises(OSError):
+            _write_config_files({target: "planted"}, session)
+    assert sorted(p.name for p in secret_dir.iterdir()) == ["answer"]
+    assert secret_file.read_text() == "42"
+    assert secret_dir.stat().st_uid == 0 and secret_file.stat().st_uid == 0
+    # the normal case: written, owned by the student, private
+    _write_config_files({state / "fresh" / "config.toml": "ok"}, session)
+    written = state / "fresh" / "config.toml"
+    assert written.read_text() == "ok" and written.stat().st_uid == student.uid

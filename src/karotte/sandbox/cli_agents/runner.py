@@ -42,7 +42,14 @@ from karotte.sandbox.cli_agents.base import (
 )
 from karotte.sandbox.cli_agents.forwarder import KeyForwarder, serve_loopback, stop_server
 from karotte.sandbox.cli_agents.registry import get_adapter
-from karotte.sandbox.confinement.demote import Identity, demoted_env, preexec_for, student_identity
+from karotte.sandbox.confinement.demote import (
+    Identity,
+    demoted_env,
+    preexec_for,
+    run_as,
+    student_identity,
+    write_file_as,
+)
 from karotte.sandbox.tools.base import ToolResult
 from karotte.schemas import Message
 
@@ -238,18 +245,21 @@ def _check_no_key(
 
 
 def _write_config_files(files: dict[Path, str], session: CliAgentSession) -> None:
+    """Write the adapter's files. The state directory belongs to the student, who may have
+    planted symlinks in it: files there are written *as the student* (never through a final
+    symlink, with the student's own permissions for the rest), never by root. The config
+    directory is root's and only readable by the student."""
     for path, text in files.items():
         inside_state = session.state_dir in path.parents
         if not inside_state and session.config_dir not in path.parents:
             raise KarotteError(f"adapter wrote outside its directories: {path}")
+        if inside_state:
+            run_as(session.identity, os.makedirs, str(path.parent), 0o700, exist_ok=True)
+            write_file_as(session.identity, str(path), text.encode(), mode=0o600)
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         path.chmod(0o644)
-        if inside_state and session.identity is not None and os.geteuid() == 0:
-            for part in [path, *path.parents]:
-                if part == session.state_dir:
-                    break
-                os.chown(part, session.identity.uid, session.identity.gid)
 
 
 @dataclass
