@@ -85,7 +85,6 @@ class BackendConnection:
         timeout = httpx.Timeout(_REQUEST_TIMEOUT_S, connect=_CONNECT_TIMEOUT_S)
         transport = httpx.HTTPTransport(uds=self.socket_path) if self.socket_path else None
         self.client = httpx.Client(base_url=self.uri, timeout=timeout, transport=transport)
-        self._async_client: httpx.AsyncClient | None = None
 
     @classmethod
     def from_config(cls, config: EvaluationRunConfig) -> BackendConnection:
@@ -129,24 +128,19 @@ class BackendConnection:
     async def arequest(
         self, method: str, path: str, *, json: Any = None, limit_s: float = _REQUEST_TIMEOUT_S
     ) -> httpx.Response:
-        """Like :meth:`request`, on the event loop (cancellable: used by long polls)."""
-        if self._async_client is None:
-            transport = httpx.AsyncHTTPTransport(uds=self.socket_path) if self.socket_path else None
-            self._async_client = httpx.AsyncClient(base_url=self.uri, transport=transport)
+        """Like :meth:`request`, on the event loop (cancellable: used by long polls, so a fresh
+        connection per call is cheap next to the wait, and nothing is left open)."""
+        transport = httpx.AsyncHTTPTransport(uds=self.socket_path) if self.socket_path else None
         limit = httpx.Timeout(limit_s, connect=min(_CONNECT_TIMEOUT_S, limit_s))
         try:
-            response = await self._async_client.request(
-                method, path, json=json, headers=self.headers(), timeout=limit
-            )
+            async with httpx.AsyncClient(base_url=self.uri, transport=transport) as client:
+                response = await client.request(
+                    method, path, json=json, headers=self.headers(), timeout=limit
+                )
         except httpx.TransportError as exc:
             raise BackendError(f"{self.uri} unreachable: {type(exc).__name__}: {exc}") from exc
         raise_for_status(response, self)
         return response
-
-    async def aclose(self) -> None:
-        if self._async_client is not None:
-            await self._async_client.aclose()
-            self._async_client = None
 
     def close(self) -> None:
         self.client.close()
@@ -506,6 +500,10 @@ def open_backend(config: EvaluationRunConfig, recorder: Any) -> BackendStreamer 
         return None
     streamer.attach(recorder)
     recorder.sinks.append(streamer)
+    token = config.backend_token_file
+    with contextlib.suppress(OSError):
+        if token is not None and token.stat().st_mode & 0o077:
+            streamer._note(f"the token file {token} is readable by others: chmod 600 it")
     return streamer
 
 

@@ -103,6 +103,3 @@ class ExternalAgentClient:
             f"external agent: no assistant message for turn {turn} within {self.timeout_s:g}s "
             f"from {self.conn.uri} (external_agent_timeout_s){last_error}"
         )
-
-    async def aclose(self) -> None:
-        await self.conn.aclose()
