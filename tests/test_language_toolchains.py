@@ -191,7 +191,9 @@ def _in_image(image: str, *command: str) -> Any:
     return json.loads(proc.stdout)
 
 
-def _fake_model_run(image: str, env_dir: Path, out: Path, name: str) -> dict[str, Any]:
+def _fake_model_run(
+    image: str, env_dir: Path, out: Path, name: str, runtime: str = "docker"
+) -> dict[str, Any]:
     started = time.monotonic()
     proc = subprocess.run(
         [
@@ -201,7 +203,7 @@ def _fake_model_run(image: str, env_dir: Path, out: Path, name: str) -> dict[str
             f"sum-of-squares-{name}",
             "--fake-model",
             "--runtime",
-            "docker",
+            runtime,
             "--image",
             image,
             "--out",
@@ -311,7 +313,23 @@ def test_fake_model_solves_the_task_in_a_sandbox(
 ) -> None:
     """The whole path: pre_hook grant, the build tool over MCP as the student in a real sandbox
     (its /tmp is noexec), custody, ProgramOutputJudge."""
-    result = fake_model_runs[name].result()
+    _assert_solved(fake_model_runs[name].result(), name)
+
+
+@pytest.mark.requires_gvisor
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["c", "haskell"])
+def test_fake_model_solves_the_task_under_gvisor(
+    toolchain_image: dict[str, Any], toolchain_env: Path, tmp_path: Path, name: str
+) -> None:
+    """gVisor reports no noexec flag for /tmp; the build directory must still be executable."""
+    result = _fake_model_run(
+        toolchain_image["tag"], toolchain_env, tmp_path / "out", name, runtime="docker:gvisor"
+    )
+    _assert_solved(result, name)
+
+
+def _assert_solved(result: dict[str, Any], name: str) -> None:
     assert result["returncode"] == 0, result["stderr"]
     transcript = result["transcript"]
     completed = next(e for e in reversed(transcript["events"]) if e["type"] == "task_completed")

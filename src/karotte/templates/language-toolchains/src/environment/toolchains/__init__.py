@@ -132,7 +132,8 @@ TOOLCHAINS: dict[str, Toolchain] = {
             ("clojure-jre", "clojure"),
             ".clj",
             None,
-            ("clojure", "{src}"),
+            # the launcher on /opt/clojure-jre (Debian's /usr/bin/clojure runs the JDK's java)
+            ("/usr/local/bin/clojure", "{src}"),
         ),
         Toolchain(
             "go",

@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -223,18 +224,36 @@ class BuildResult:
         return self.compiled is None or self.compiled.ok
 
 
+def _can_execute_in(directory: str) -> bool:
+    """Whether a program in ``directory`` can be executed (tried: gVisor's statvfs does not
+    report noexec)."""
+    probe = os.path.join(directory, "exec-probe")
+    with open(probe, "w", encoding="ascii") as handle:
+        handle.write("#!/bin/sh\nexit 0\n")
+    os.chmod(probe, 0o700)
+    try:
+        return subprocess.run([probe], env={}, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        os.unlink(probe)
+
+
 def _make_build_dir(home: str) -> str:
     """Runs as the student: a fresh directory in the first place the student may write to
-    whose file system allows executing programs (sandboxes mount /tmp noexec)."""
+    where programs may run (sandboxes mount /tmp noexec)."""
     for place in ("/tmp", "/var/tmp", os.path.join(home, ".build")):
-        if place.endswith("/.build") and not os.path.isdir(place):
-            os.mkdir(place, 0o700)
         try:
-            usable = os.path.isdir(place) and not os.statvfs(place).f_flag & os.ST_NOEXEC
+            if place.endswith("/.build") and not os.path.isdir(place):
+                os.mkdir(place, 0o700)
+            if not os.path.isdir(place) or os.statvfs(place).f_flag & os.ST_NOEXEC:
+                continue
+            directory = tempfile.mkdtemp(prefix="build-", dir=place)
         except OSError:
             continue
-        if usable and os.access(place, os.W_OK | os.X_OK):
-            return tempfile.mkdtemp(prefix="build-", dir=place)
+        if _can_execute_in(directory):
+            return directory
+        shutil.rmtree(directory, ignore_errors=True)
     raise RuntimeError("no place the student may write to allows executing programs")
 
 
