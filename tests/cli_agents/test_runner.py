@@ -8,9 +8,12 @@ demand: hang past the deadline, crash, report an API error, or be misconfigured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,11 @@ if mode == "flood":
     print("x" * 5000, flush=True)  # one over-long line
     for _ in range(300):
         say({"type": "system", "subtype": "status"})
+if mode == "daemon":  # a background process in its own session keeps our pipes open
+    import subprocess
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    with open(os.path.join(os.path.dirname(__file__), "pid"), "w") as f:
+        f.write(str(child.pid))
 if mode == "crash":
     print("boom: the CLI fell over", file=sys.stderr)
     sys.exit(3)
@@ -288,3 +296,18 @@ def test_state_files_are_written_as_the_student(tmp_path: Path, student: Any) ->
     _write_config_files({state / "fresh" / "config.toml": "ok"}, session)
     written = state / "fresh" / "config.toml"
     assert written.read_text() == "ok" and written.stat().st_uid == student.uid
+
+
+def test_a_background_process_holding_the_pipes_does_not_stall_the_step(
+    scripted_plugin: None, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    done, recorder = run(tmp_path, "daemon", step_time_limit_s=60)
+    elapsed = time.monotonic() - started
+    pid = int((tmp_path / "site" / "karotte_scripted_cli" / "pid").read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    assert done.status == "passed", [e.model_dump() for e in recorder.events if e.type == "error"]
+    completed = [e for e in recorder.events if e.type == "step_completed"]
+    assert completed[0].stop_reason == "model_done"  # type: ignore[attr-defined]
+    assert elapsed < 30

@@ -19,7 +19,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,6 +347,52 @@ async def _drain(stream: asyncio.StreamReader, keep: bytearray) -> None:
             del keep[: len(keep) - STDERR_KEEP]
 
 
+EXIT_GRACE_S = 1.0
+
+
+async def _lines(proc: asyncio.subprocess.Process) -> AsyncGenerator[bytes, None]:
+    """The CLI's stdout lines until EOF, or until it has exited and its last output is read:
+    a background process of the student holding the pipe open cannot stall the step."""
+    assert proc.stdout is not None
+    exited = asyncio.ensure_future(_exited(proc))
+    try:
+        while True:
+            if exited.done():
+                try:
+                    line = await asyncio.wait_for(_read_line(proc.stdout), EXIT_GRACE_S)
+                except TimeoutError:
+                    return
+            else:
+                read = asyncio.ensure_future(_read_line(proc.stdout))
+                await asyncio.wait({read, exited}, return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():
+                    read.cancel()
+                    continue  # exited: read on with the grace bound
+                line = read.result()
+            if not line:
+                return
+            yield line
+    finally:
+        exited.cancel()
+
+
+async def _exited(proc: asyncio.subprocess.Process, poll_s: float = 0.02) -> int:
+    """The exit status, without waiting for the pipes to close (``Process.wait`` does, and a
+    background process of the student may hold them open)."""
+    while proc.returncode is None:  # noqa: ASYNC110 (asyncio has no exit event apart from wait)
+        await asyncio.sleep(poll_s)
+    return proc.returncode
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """After the kill: wait (bounded) for the exit, then drop our ends of the pipes."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_exited(proc), 10)
+    transport = getattr(proc, "_transport", None)  # asyncio keeps it private
+    if transport is not None:
+        transport.close()
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -404,41 +450,41 @@ async def run_cli_agent_step(
             await proc.stdin.drain()
             proc.stdin.close()
         async with asyncio.timeout(max(0.0, limits.deadline - time.monotonic())):
-            while line := await _read_line(proc.stdout):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # a log line
-                if not isinstance(event, dict):
-                    continue
-                first_event_at = first_event_at or time.monotonic()
-                emitter.lines += 1
-                if emitter.lines > MAX_EVENTS_PER_STEP:
-                    print(
-                        f"karotte: CLI agent {adapter.name!r} printed more than "
-                        f"{MAX_EVENTS_PER_STEP} events in one step; stopped",
-                        file=sys.stderr,
-                    )
-                    stop = "error"
-                    break
-                if raw_log is not None and logged < RAW_LOG_LIMIT:
-                    raw_log.write(line)
-                    logged += len(line)
-                for item in parser.feed(event):
-                    if isinstance(item, Usage) and parser.cumulative_usage:
-                        item = Usage(usage_since(session.usage_total, item.usage))
-                        session.usage_total = session.usage_total + item.usage
-                    emitter.handle(item)
+            async with contextlib.aclosing(_lines(proc)) as lines:
+                async for line in lines:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue  # a log line
+                    if not isinstance(event, dict):
+                        continue
+                    first_event_at = first_event_at or time.monotonic()
+                    emitter.lines += 1
+                    if emitter.lines > MAX_EVENTS_PER_STEP:
+                        print(
+                            f"karotte: CLI agent {adapter.name!r} printed more than "
+                            f"{MAX_EVENTS_PER_STEP} events in one step; stopped",
+                            file=sys.stderr,
+                        )
+                        stop = "error"
+                        break
+                    if raw_log is not None and logged < RAW_LOG_LIMIT:
+                        raw_log.write(line)
+                        logged += len(line)
+                    for item in parser.feed(event):
+                        if isinstance(item, Usage) and parser.cumulative_usage:
+                            item = Usage(usage_since(session.usage_total, item.usage))
+                            session.usage_total = session.usage_total + item.usage
+                        emitter.handle(item)
             if stop is None:
-                await proc.wait()
+                await _exited(proc)
                 for item in parser.end(proc.returncode if proc.returncode is not None else -1):
                     emitter.handle(item)
     except TimeoutError:
         stop = "time_limit"
     finally:
         _kill_group(proc)
-        with contextlib.suppress(ProcessLookupError):
-            await asyncio.wait_for(proc.wait(), 10)
+        await _reap(proc)
         drain.cancel()
         with contextlib.suppress(BaseException):
             await drain
