@@ -164,3 +164,24 @@ def test_unreachable_upstream_is_a_502() -> None:
 def test_only_http_upstreams() -> None:
     with pytest.raises(ValueError, match="http"):
         KeyForwarder("file:///etc/passwd", REAL)
+
+
+def test_upstream_is_the_config_then_the_launcher_proxy_then_the_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from karotte import EvaluationRunConfig
+    from karotte.sandbox.cli_agents.runner import provider_model, upstream_for
+
+    for var in ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    plain = EvaluationRunConfig(task_id="t", model="openai/gpt-x")
+    assert upstream_for(plain, "openai") == ("https://api.openai.com/v1", None)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9999/v1")  # the proxy relay
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    assert upstream_for(plain, "openai") == ("http://127.0.0.1:9999/v1", "sk-from-env")
+    monkeypatch.setenv("MY_KEY", "sk-referenced")
+    explicit = EvaluationRunConfig(
+        task_id="t", model="openai/gpt-x", model_api_base="http://h/v1", model_api_key="$MY_KEY"
+    )
+    assert upstream_for(explicit, "openai") == ("http://h/v1", "sk-referenced")
+    assert provider_model("anthropic/claude-x") == "claude-x" and provider_model("gpt") == "gpt"
