@@ -38,7 +38,13 @@ g = _load()
 # the VM's step order is the container one (the gauntlet task orders by KAROTTE_SANDBOX)
 g.LAST_STEPS.setdefault("qemu", ["fork-bomb", "disk-fill", "final"])
 
-pytestmark = [pytest.mark.slow, pytest.mark.requires_qemu, pytest.mark.requires_docker]
+# one gauntlet run under TCG takes ~6 min (pyproject's default per-test timeout is 300 s)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.requires_qemu,
+    pytest.mark.requires_docker,
+    pytest.mark.timeout(1800),
+]
 
 gauntlet_env = g.gauntlet_env
 _run: list[object] = []

@@ -24,7 +24,13 @@ from karotte.host.runtimes.base import LABEL_RUN_ID, Mount, SandboxSpec
 from karotte.host.runtimes.qemu import QemuRuntime, boot_to_marker, kvm_probe, qmp
 from karotte.host.vm.kernel import prepare_kernel
 
-pytestmark = [pytest.mark.slow, pytest.mark.requires_qemu, pytest.mark.requires_docker]
+# TCG: an example-task run takes ~100 s, and the first test also builds the image
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.requires_qemu,
+    pytest.mark.requires_docker,
+    pytest.mark.timeout(1200),
+]
 
 KAROTTE = str(Path(sys.executable).parent / "karotte")
 E2E_TAG = "karotte-test/e2e-default:latest"
