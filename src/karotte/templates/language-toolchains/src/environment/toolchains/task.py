@@ -72,7 +72,7 @@ class ProgramOutputJudge(Judge):
         cases: Path,
         *,
         compile_timeout_s: float = 180.0,
-        run_timeout_s: float = 10.0,
+        run_timeout_s: float = 30.0,  # generous: a JVM starts slowly on a busy machine
         limit_chars: int = 100_000,
     ) -> None:
         self.toolchain = get_toolchain(toolchain)

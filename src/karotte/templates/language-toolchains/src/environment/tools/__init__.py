@@ -27,7 +27,7 @@ class BuildOptions(BaseModel):
 
     toolchain: str
     compile_timeout_s: float = Field(default=120.0, gt=0)
-    run_timeout_s: float = Field(default=10.0, gt=0)
+    run_timeout_s: float = Field(default=30.0, gt=0)
     output_limit_chars: int = Field(default=20_000, ge=200)
 
 
