@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from karotte.errors import ConfigError
 from karotte.host.create_env import create_env
+from karotte.sandbox.cli_agents.codex import CodexAdapter
 from karotte.sandbox.cli_agents.containerfile import add_agent, remove_agent, sections
 from karotte.sandbox.cli_agents.registry import get_adapter
 
@@ -36,10 +38,8 @@ def test_add_replace_remove() -> None:
     ]
     lines = text.splitlines()
     assert found[-1].end < lines.index("# The harness's venv")  # before the wheel layers
-    assert (
-        f"@anthropic-ai/claude-code@{claude.version}" in text
-        and "/opt/karotte/agents/codex" in text
-    )
+    assert "COPY .karotte/agents/claude-code/ /opt/karotte/agents/claude-code/" in text
+    assert "apt-get install -y --no-install-recommends nodejs" in text  # codex's launcher
     # adding again replaces (an upgrade), never duplicates
     assert add_agent(text, claude) == text
     assert remove_agent(remove_agent(text, "codex"), "claude-code") == TEXT
@@ -60,7 +60,13 @@ def test_without_anchor_appends() -> None:
 
 def test_create_env_with_agents_and_cli(tmp_path: Path) -> None:
     env = tmp_path / "demo"
-    create_env(env, karotte_from_index=True, lock=False, agents=["claude-code", "claude-code"])
+    create_env(
+        env,
+        karotte_from_index=True,
+        lock=False,
+        agents=["claude-code", "claude-code"],
+        fetch_agents=False,
+    )
     text = (env / "Containerfile").read_text()
     assert [s.name for s in sections(text)] == ["claude-code"]
     assert "claude-code" not in (env / ".karotte" / "base" / "Containerfile").read_text()
@@ -74,7 +80,7 @@ def test_create_env_with_agents_and_cli(tmp_path: Path) -> None:
             [str(exe), *args], capture_output=True, text=True, timeout=120, check=False
         )
 
-    added = karotte("agents", "add", "codex", "--env", str(env))
+    added = karotte("agents", "add", "codex", "--no-fetch", "--env", str(env))
     assert added.returncode == 0, added.stderr
     listed = json.loads(karotte("agents", "list", "--env", str(env), "--json").stdout)
     rows = {r["name"]: r for r in listed["agents"]}
@@ -85,3 +91,46 @@ def test_create_env_with_agents_and_cli(tmp_path: Path) -> None:
     assert sections((env / "Containerfile").read_text()) == []
     bad = karotte("agents", "add", "nope", "--env", str(env))
     assert bad.returncode == 2 and "unknown CLI agent" in bad.stderr
+
+
+@dataclass
+class LocalTool(CodexAdapter):
+    """An adapter whose install just writes files (or fails), to test staging."""
+
+    name: str = "local-tool"
+    version: str = "1.0"
+    fail: bool = False
+
+    def install_commands(self, prefix: str) -> list[str]:
+        if self.fail:
+            return [f"mkdir -p {prefix}", "echo 'npm ERR! registry unreachable' >&2", "exit 7"]
+        return [f"mkdir -p {prefix}/node_modules/.bin", f"touch {prefix}/node_modules/.bin/codex"]
+
+
+def test_staging_on_the_host(tmp_path: Path) -> None:
+    from karotte.sandbox.cli_agents.containerfile import (
+        VERSION_FILE,
+        add_agents,
+        remove_agents,
+        stage_agent,
+        staged_dir,
+    )
+
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "Containerfile").write_text(TEXT)
+    tool = LocalTool()
+    add_agents(env, [tool])
+    target = staged_dir(env, "local-tool")
+    assert (target / "node_modules" / ".bin" / "codex").is_file()
+    assert (target / VERSION_FILE).read_text().strip() == "1.0"
+    assert (env / ".karotte" / "agents" / ".gitignore").read_text().endswith("*\n")
+    assert "COPY .karotte/agents/local-tool/" in (env / "Containerfile").read_text()
+    assert stage_agent(env, tool) is False  # cached: same version, installed
+    assert stage_agent(env, LocalTool(version="2.0")) is True  # a new pin reinstalls
+    with pytest.raises(ConfigError, match="registry unreachable"):
+        stage_agent(env, LocalTool(version="3.0", fail=True))
+    assert (target / VERSION_FILE).read_text().strip() == "2.0"  # the old install survives
+    assert not list((env / ".karotte" / "agents").glob(".*.partial"))
+    remove_agents(env, ["local-tool"])
+    assert not target.exists() and (env / "Containerfile").read_text() == TEXT

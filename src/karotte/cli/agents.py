@@ -73,14 +73,18 @@ def list_agents(
 def add_agents_command(
     names: list[str] = typer.Argument(..., help="Adapter names, e.g. claude-code codex."),
     env: Path = ENV_OPTION,
+    no_fetch: bool = typer.Option(
+        False, "--no-fetch", help="Only edit the Containerfile; run `karotte agents fetch` later."
+    ),
 ) -> None:
-    """Add (or upgrade to the pinned version) the install step of agents in the Containerfile."""
+    """Add (or upgrade to the pinned version) agents: install them into .karotte/agents/ on this
+    machine and add the step that copies them into the image to the Containerfile."""
     from karotte.sandbox.cli_agents.containerfile import add_agents
     from karotte.sandbox.cli_agents.registry import get_adapter
 
     with friendly_errors():
         adapters = [get_adapter(n) for n in names]
-        add_agents(env, adapters)
+        add_agents(env, adapters, fetch=not no_fetch)
     for adapter in adapters:
         err_console.print(
             f"[green]added[/] {adapter.name} ({adapter.package} {adapter.version}); rebuild the "
@@ -99,3 +103,24 @@ def remove_agents_command(
     with friendly_errors():
         remove_agents(env, names)
     err_console.print(f"[green]removed[/] {', '.join(names)}; rebuild the image")
+
+
+@agents_app.command("fetch")
+def fetch_agents_command(env: Path = ENV_OPTION) -> None:
+    """Install the environment's agents into .karotte/agents/ on this machine (after a fresh
+    clone, or to repair it); the image build copies them from there."""
+    from karotte.sandbox.cli_agents.containerfile import agents_in_env, stage_agent
+    from karotte.sandbox.cli_agents.registry import get_adapter
+
+    with friendly_errors():
+        for section in agents_in_env(env):
+            adapter = get_adapter(section.name)
+            if adapter.version != section.version:
+                err_console.print(
+                    f"[yellow]warning:[/] the Containerfile pins {escape(section.name)} "
+                    f"{escape(section.version)}, the adapter {escape(adapter.version)}; run "
+                    f"`karotte agents add {escape(section.name)}` to update the section"
+                )
+            fetched = stage_agent(env, adapter)
+            state = "installed" if fetched else "up to date"
+            err_console.print(f"[green]{state}[/] {escape(adapter.name)} {escape(adapter.version)}")

@@ -213,6 +213,7 @@ def create_env(
     karotte_from_index: bool = False,
     lock: bool = True,
     agents: Sequence[str] = (),
+    fetch_agents: bool = True,
 ) -> CreatedEnvironment:
     """Create an environment in ``target`` (new or empty). See the module docstring."""
     target = Path(os.path.abspath(target))
@@ -230,7 +231,7 @@ def create_env(
         if cli_agents:  # their install steps go into the Containerfile (docs/cli-agents.md)
             from karotte.sandbox.cli_agents.containerfile import add_agents
 
-            add_agents(target, cli_agents)
+            add_agents(target, cli_agents, fetch=fetch_agents)
         records = template_records(stack)
         manifest = Manifest(
             env_name=env_name,

@@ -131,19 +131,39 @@ class CliAgentAdapter(ABC):
     provider: Provider
     description: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Installed on the host (``karotte agents add/fetch``, into ``.karotte/agents/<name>``) and
+    # copied into the image: the image build then needs no registry (like the wheelhouse). An
+    # install that is not relocatable (a venv) runs inside the image build instead.
+    stage_on_host: bool = True
+    runtime_packages: tuple[str, ...] = ()  # Debian packages the CLI needs in the image
 
     # ---- image build ------------------------------------------------------------------------
     @abstractmethod
     def install_commands(self, prefix: str) -> list[str]:
-        """Shell commands (run as root at image build) that install the CLI into ``prefix``."""
+        """Shell commands (run as root) that install the CLI into ``prefix``: on the host when
+        ``stage_on_host``, else in the image build."""
 
     def containerfile_snippet(self) -> str:
         """The Containerfile lines that install this adapter into the image."""
         prefix = f"{AGENTS_DIR}/{self.name}"
-        body = " \\\n    && ".join(self.install_commands(prefix))
+        q = shlex.quote(prefix)
+        title = f"# {self.description or self.name} ({self.package} {self.version}), root-owned"
+        steps: list[str] = []
+        if self.runtime_packages:
+            wanted = " ".join(self.runtime_packages)
+            steps.append(
+                f"apt-get update && apt-get install -y --no-install-recommends {wanted} "
+                "&& rm -rf /var/lib/apt/lists/*"
+            )
+        if not self.stage_on_host:
+            body = " \\\n    && ".join([*steps, *self.install_commands(prefix)])
+            return f"{title}\nRUN {body} \\\n    && chmod -R go-w {q}\n"
+        steps.append(f"chown -R root:root {q} && chmod -R go-w {q}")
+        body = " \\\n    && ".join(steps)
         return (
-            f"# {self.description or self.name} ({self.package} {self.version}), root-owned\n"
-            f"RUN {body} \\\n    && chmod -R go-w {shlex.quote(prefix)}\n"
+            f"{title}\n# (`karotte agents fetch` installs it into .karotte/agents/ here)\n"
+            f"COPY .karotte/agents/{self.name}/ {prefix}/\n"
+            f"RUN {body}\n"
         )
 
     # ---- one step -----------------------------------------------------------------------------

@@ -36,9 +36,6 @@ MCP_PREFIX = f"mcp__{MCP_SERVER_NAME}__"
 def npm_install(prefix: str, package: str, version: str) -> list[str]:
     q = shlex.quote(prefix)
     return [
-        # npm (and node, which Codex needs at run time) from Debian when the image lacks them
-        "(command -v npm >/dev/null || (apt-get update && apt-get install -y "
-        "--no-install-recommends nodejs npm && rm -rf /var/lib/apt/lists/*))",
         f"mkdir -p {q}",
         f"npm install --prefix {q} --no-audit --no-fund --no-update-notifier --omit=dev "
         f"--foreground-scripts {shlex.quote(f'{package}@{version}')}",

@@ -183,6 +183,7 @@ class CodexAdapter(CliAgentAdapter):
     version: str = CODEX_VERSION
     provider: str = "openai"  # type: ignore[assignment]
     description: str = "OpenAI Codex CLI"
+    runtime_packages: tuple[str, ...] = ("nodejs",)  # its launcher is a node script
 
     def install_commands(self, prefix: str) -> list[str]:
         return npm_install(prefix, self.package, self.version)

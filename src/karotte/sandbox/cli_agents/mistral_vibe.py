@@ -133,6 +133,7 @@ class MistralVibeAdapter(CliAgentAdapter):
     version: str = MISTRAL_VIBE_VERSION
     provider: str = "mistral"  # type: ignore[assignment]
     description: str = "Mistral Vibe"
+    stage_on_host: bool = False  # a venv is not relocatable: pip installs it in the image
 
     def install_commands(self, prefix: str) -> list[str]:
         q = shlex.quote(prefix)
