@@ -1,6 +1,7 @@
-"""A CLI agent in a real sandbox: an environment made with ``create-env --agent codex``, its image
-built with docker (Codex installed by the adapter's Containerfile section), ``karotte run`` with
-``agent: cli:codex`` through the launcher's model proxy relay to a stub model on the host.
+"""A CLI agent in a real sandbox: an environment made with ``create-env --agent codex`` (Codex
+installed on this machine, copied by its Containerfile section), its image built with docker,
+``karotte run`` with ``agent: cli:codex`` through the launcher's model proxy relay to a stub
+model on the host.
 
 Checked: the example task passes (custody and the executable judge included), the tool ran as
 ``student`` inside the sandbox, the student sees only the placeholder — not in any of its
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,8 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     availability = get_runtime("docker").availability()
     if not availability.ok:
         pytest.skip(f"docker: {availability.reason}")
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("codex: needs node and npm on this machine (run scripts/setup-cli-agents.sh)")
     target = tmp_path_factory.mktemp("cli-e2e") / "cli-env"
     made = subprocess.run(
         [KAROTTE, "create-env", str(target), "--agent", "codex"],
@@ -48,6 +52,8 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=600,
     )
+    if made.returncode != 0 and "registry reachable" in made.stderr:
+        pytest.skip(f"codex: installing it from npm failed: {made.stderr[-600:]}")
     assert made.returncode == 0, made.stderr
     built = subprocess.run(
         [KAROTTE, "build", "--runtime", "docker", "--tag", TAG, str(target)],
@@ -99,7 +105,8 @@ def test_codex_in_a_docker_sandbox(cli_env: Path, tmp_path: Path) -> None:
     assert transcript["status"] == "passed", (errors, proc.stderr[-3000:])
     completed = events[-1]
     assert completed["scores"] == [1.0, 1.0]
-    assert events[0]["sandbox"] == "docker" and events[0]["config"]["agent"] == "cli:codex"
+    assert events[0]["sandbox"] == get_runtime("docker").sandbox_kind
+    assert events[0]["config"]["agent"] == "cli:codex"
     tool_outputs = [e for e in events if e["type"] == "tool_call_completed"]
     assert [e["name"] for e in tool_outputs] == ["bash"]
     output = tool_outputs[0]["output"]
