@@ -1,7 +1,7 @@
-"""A CLI agent in a real sandbox: an environment made with ``create-env --agent codex`` (Codex
-installed on this machine, copied by its Containerfile section), its image built with docker,
-``karotte run`` with ``agent: cli:codex`` through the launcher's model proxy relay to a stub
-model on the host.
+"""CLI agents in a real sandbox: an environment made with ``create-env --agent codex --agent
+claude-code`` (installed on this machine, copied by their Containerfile sections), its image
+built with docker, ``karotte run`` with ``agent: cli:<name>`` through the launcher's model
+proxy relay to a stub model on the host.
 
 Checked: the example task passes (custody and the executable judge included), the tool ran as
 ``student`` inside the sandbox, the student sees only the placeholder — not in any of its
@@ -47,7 +47,7 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("codex: needs node and npm on this machine (run scripts/setup-cli-agents.sh)")
     target = tmp_path_factory.mktemp("cli-e2e") / "cli-env"
     made = subprocess.run(
-        [KAROTTE, "create-env", str(target), "--agent", "codex"],
+        [KAROTTE, "create-env", str(target), "--agent", "codex", "--agent", "claude-code"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -70,7 +70,16 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def test_codex_in_a_docker_sandbox(cli_env: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("agent", "model", "header", "prefix"),
+    [
+        ("codex", "openai/gpt-stub-1", "authorization", "Bearer "),
+        ("claude-code", "anthropic/claude-stub-1", "x-api-key", ""),
+    ],
+)
+def test_cli_agent_in_a_docker_sandbox(
+    cli_env: Path, tmp_path: Path, agent: str, model: str, header: str, prefix: str
+) -> None:
     real_key = "sk-real-secret-" + secrets.token_hex(12)
     stub = StubModel(Script(command=STUDENT_VIEW, final_text="Done. SUM: 52")).start()
     config = tmp_path / "run.json"
@@ -78,9 +87,9 @@ def test_codex_in_a_docker_sandbox(cli_env: Path, tmp_path: Path) -> None:
         json.dumps(
             {
                 "task_id": "example-task",
-                "model": "openai/gpt-stub-1",
+                "model": model,
                 "model_api_key": real_key,
-                "agent": "cli:codex",
+                "agent": f"cli:{agent}",
                 "step_time_limit_s": 300,
             }
         )
@@ -93,7 +102,7 @@ def test_codex_in_a_docker_sandbox(cli_env: Path, tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=900,
-            env={k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"},
+            env={k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")},
         )
     finally:
         stub.stop()
@@ -106,11 +115,11 @@ def test_codex_in_a_docker_sandbox(cli_env: Path, tmp_path: Path) -> None:
     completed = events[-1]
     assert completed["scores"] == [1.0, 1.0]
     assert events[0]["sandbox"] == get_runtime("docker").sandbox_kind
-    assert events[0]["config"]["agent"] == "cli:codex"
+    assert events[0]["config"]["agent"] == f"cli:{agent}"
     tool_outputs = [e for e in events if e["type"] == "tool_call_completed"]
     assert [e["name"] for e in tool_outputs] == ["bash"]
     output = tool_outputs[0]["output"]
     assert "KAROTTE-MARK\nstudent\n" in output and "SCAN-DONE" in output
     assert "karotte-placeholder-" in output and "sk-real-secret" not in output
     posts = [r for r in stub.requests if r.method == "POST"]
-    assert posts and all(r.headers.get("authorization") == f"Bearer {real_key}" for r in posts)
+    assert posts and all(r.headers.get(header) == f"{prefix}{real_key}" for r in posts)
