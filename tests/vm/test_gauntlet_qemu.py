@@ -104,6 +104,23 @@ def test_vm_run_leaves_a_transcript(gauntlet: object) -> None:
             assert scoring["score"] == 0.0, (step, scoring)
 
 
+def test_vm_fork_bomb_is_bounded(gauntlet: object) -> None:
+    """As the gauntlet's own fork-bomb test, minus its reading of the cgroup v1 pids.events
+    (the gauntlet task reads /run/karotte/cgroup/pids/pids.events only; the guest has v2)."""
+    run = gauntlet
+    assert run.score("fork-bomb") == 0.0  # type: ignore[attr-defined]
+    output = run.tool_output("fork-bomb")  # type: ignore[attr-defined]
+    assert "bomb ended" in output
+    hook = run.hook("fork-bomb", "pre_scoring_hook")  # type: ignore[attr-defined]
+    assert hook is not None and hook["student_processes"] == []
+    refusals = int(output.split("fork refusals: ")[1].split()[0])
+    assert refusals > 0, output
+    peak = int(output.split("peak processes: ")[1].split()[0])
+    limits = run.limits()  # type: ignore[attr-defined]
+    assert peak < 2 * limits["pids"]["value"], (peak, limits["pids"])
+    assert limits["pids"]["mechanism"].startswith("cgroup v2 (pids.max)")
+
+
 # the gauntlet's runtime-independent tests, collected here against the qemu run
 test_run_completes_without_error = g.test_run_completes_without_error
 test_read_key_is_denied = g.test_read_key_is_denied
@@ -113,7 +130,6 @@ test_sparse_100g_is_stopped_by_the_file_size_limit_first = (
 )
 test_processes_are_gone_before_grading = g.test_processes_are_gone_before_grading
 test_planted_python_does_not_hijack_the_judge = g.test_planted_python_does_not_hijack_the_judge
-test_fork_bomb_is_bounded = g.test_fork_bomb_is_bounded
 test_memory_hog_is_killed_and_the_harness_survives = (
     g.test_memory_hog_is_killed_and_the_harness_survives
 )
