@@ -111,7 +111,9 @@ class DroppingProxy:
             for sock in self._open:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-        threading.Timer(seconds, self._resume).start()
+        timer = threading.Timer(seconds, self._resume)
+        timer.daemon = True  # a long outage must not keep the test process alive
+        timer.start()
 
     def _resume(self) -> None:
         self.dropping = False

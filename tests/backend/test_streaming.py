@@ -81,6 +81,13 @@ def test_a_streamed_run_reads_back_equal_to_the_local_transcript(
         assert raw.content == (config.artifacts_dir / name).read_bytes()
 
 
+def cut_after(delay_s: float, proxy: DroppingProxy, outage_s: float) -> None:
+    """Cut the backend off ``delay_s`` into the run, for ``outage_s``."""
+    timer = threading.Timer(delay_s, proxy.drop_for, args=(outage_s,))
+    timer.daemon = True
+    timer.start()
+
+
 def slow_config(tmp_path: Path, url: str, token: Path, **extra: Any) -> EvaluationRunConfig:
     fields: dict[str, Any] = {
         "run_id": "slow",
@@ -105,7 +112,7 @@ def test_an_outage_mid_run_is_bridged_and_caught_up_in_order(
     use_environment(ENVS / "slow")
     config = slow_config(tmp_path, proxy.url, client_token, backend_retry_budget_s=30.0)
     # the backend goes dark 0.8 s into the run, for 1.5 s, while the run goes on
-    threading.Timer(0.8, proxy.drop_for, args=(1.5,)).start()
+    cut_after(0.8, proxy, 1.5)
     started = time.monotonic()
     completed = run_harness(config, events="none")
     elapsed = time.monotonic() - started
@@ -140,7 +147,7 @@ def test_an_outage_longer_than_the_budget_records_the_gap(
         backend_retry_budget_s=1.0,
         backend_flush_timeout_s=2.0,
     )
-    threading.Timer(0.8, proxy.drop_for, args=(3600,)).start()
+    cut_after(0.8, proxy, 3600)
     started = time.monotonic()
     completed = run_harness(config, events="none")
     elapsed = time.monotonic() - started
@@ -169,7 +176,7 @@ def test_a_backend_back_by_the_end_gets_everything_after_giving_up(
     config = slow_config(
         tmp_path, proxy.url, client_token, backend_retry_budget_s=0.5, backend_flush_timeout_s=10
     )
-    threading.Timer(0.8, proxy.drop_for, args=(1.2,)).start()
+    cut_after(0.8, proxy, 1.2)
     assert run_harness(config, events="none").status == "passed"
     local = read_local(config)
     notes = warnings(local)
