@@ -1,44 +1,21 @@
-"""A real Docker sandbox (``--network=none``) streams its run to the backend through the relay
-socket: the launcher's part is done here by a small subclass, as docs/backend.md describes
-(the launcher itself does not start the relay yet)."""
+"""A real Docker sandbox (``--network=none``) streams its run to the backend through the
+launcher's relay socket (docs/backend.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from runtimes.test_e2e import TASK, _image, env_dir  # noqa: F401 (a session fixture, reused)
 
 from karotte import EvaluationRunConfig
-from karotte.backend.relay import SANDBOX_DIR, HostBackendRelay
 from karotte.events import Transcript
 from karotte.host.launcher import Launcher, LaunchOptions
-from karotte.host.runtimes.base import Mount, SandboxSpec
 from karotte.sandbox.backend_client import BackendConnection
 
 from .conftest import Backend
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_docker]
-
-
-class RelayLauncher(Launcher):
-    def __init__(self, relay: HostBackendRelay, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.relay = relay
-
-    def write_configs(self) -> None:
-        for slot in self.slots:
-            slot.config = slot.config.model_copy(
-                update={"backend_token_file": self.relay.sandbox_token_file()}
-            )
-        super().write_configs()
-
-    def spec_for(self, *args: Any, **kwargs: Any) -> SandboxSpec:
-        spec = super().spec_for(*args, **kwargs)
-        spec.mounts.append(Mount(source=self.relay.socket_dir, target=SANDBOX_DIR))
-        spec.env.update(self.relay.env())
-        return spec
 
 
 def test_a_docker_sandbox_streams_through_the_relay(
@@ -48,7 +25,6 @@ def test_a_docker_sandbox_streams_through_the_relay(
     client_token: Path,
 ) -> None:
     image = _image(env_dir, "docker")
-    relay = HostBackendRelay(backend.url, client_token)
     config = EvaluationRunConfig(
         run_id="in-docker",
         task_id=TASK,
@@ -59,10 +35,7 @@ def test_a_docker_sandbox_streams_through_the_relay(
     options = LaunchOptions(
         runtime="docker", env_dir=env_dir, out_dir=tmp_path / "out", image=image, ui=False
     )
-    try:
-        result = RelayLauncher(relay, config, options).run()
-    finally:
-        relay.close()
+    result = Launcher(config, options).run()
     assert result.statuses == ["passed"], result
     local = Transcript.model_validate_json(result.transcripts[0].read_text())
     conn = BackendConnection(backend.url, client_token)

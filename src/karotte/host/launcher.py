@@ -232,6 +232,7 @@ class Launcher:
         self.slots: list[RunSlot] = []
         self._cleaned = False
         self._proxy_relays: list[Any] = []
+        self._backend_relay: Any = None  # karotte.backend.relay.HostBackendRelay, with backend_uri
         self._caps: tuple[list[str], list[str]] | None = None
         self.passthrough_devices: list[str] = []  # from hardware_limits plugins
         self._plugin_run_args: list[str] | None = None
@@ -397,6 +398,11 @@ class Launcher:
         if slot.disk is not None:
             mounts += slot.disk.mounts()
             env.update(slot.disk.env())
+        if self._backend_relay is not None:
+            from karotte.backend.relay import SANDBOX_DIR
+
+            mounts.append(Mount(source=self._backend_relay.socket_dir, target=SANDBOX_DIR))
+            env.update(self._backend_relay.env())
         if self.options.proxy:
             relay_dir = self._proxy_relays[0].socket_dir
             mounts.append(Mount(source=relay_dir, target="/run/karotte/proxy"))
@@ -505,6 +511,21 @@ class Launcher:
             raise ConfigError(f"--dev mounts {source} over the image's copy, but it does not exist")
         target = installed_environment_path(self.runtime, image)
         return [Mount(source=source, target=target, read_only=True)]
+
+    def _start_backend_relay(self) -> None:
+        """With ``backend_uri``, the sandbox (``--network=none``) reaches the backend through a
+        unix-socket relay in a root-only dir, with a synced copy of the token file
+        (docs/backend.md); each run config then names the copy inside the sandbox."""
+        if not self.base_config.backend_uri:
+            return
+        from karotte.backend.relay import HostBackendRelay
+
+        self._backend_relay = HostBackendRelay(
+            self.base_config.backend_uri, self.base_config.backend_token_file
+        )
+        token_inside = self._backend_relay.sandbox_token_file()
+        for slot in self.slots:
+            slot.config = slot.config.model_copy(update={"backend_token_file": token_inside})
 
     def write_configs(self) -> None:
         # the student must not read run configs (keys) or other runs' transcripts through /out:
@@ -625,6 +646,8 @@ class Launcher:
                 self._remove_own_sandboxes()
             for relay in self._proxy_relays:
                 relay.close()
+            if self._backend_relay is not None:
+                self._backend_relay.close()
             for slot in self.slots:
                 if slot.delegation is not None and not self.options.keep_containers:
                     dirs = cgroup_delegation.run_dirs_everywhere(slot.sandbox_name)
@@ -684,9 +707,10 @@ class Launcher:
         self.reap_orphans()
         image = self.image()
         self.slots = self.make_slots()
-        self.write_configs()
         interrupted = False
         try:
+            self._start_backend_relay()
+            self.write_configs()
             if self.options.proxy:
                 from karotte.host.runtimes.proxy_relay import HostProxyRelay
 
