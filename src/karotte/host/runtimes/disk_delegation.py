@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from karotte.host.runtimes.base import Mount
 from karotte.host.runtimes.oci_cli import OciCliRuntime
 from karotte.sandbox.confinement.disk import ext4_image_bytes, usage
+from karotte.sandbox.confinement.sanitize import UntrustedBinaryError, resolve_system_binary
 
 DISK_ROOT_ENV = "KAROTTE_DISK_ROOT"
 DISK_MOUNTS_ENV = "KAROTTE_DISK_MOUNTS"  # JSON list of SandboxDisk, read by the harness
@@ -86,11 +87,11 @@ class DiskDelegation(BaseModel):
 
 
 def _tool(name: str) -> str | None:
-    for directory in ("/usr/sbin", "/sbin", "/usr/bin", "/bin"):
-        candidate = Path(directory) / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+    """A system binary from a root-owned directory (the rule the harness follows too)."""
+    try:
+        return resolve_system_binary(name)
+    except UntrustedBinaryError:
+        return None
 
 
 def unavailable_reason() -> str | None:
