@@ -10,7 +10,8 @@
 #      when any of them is missing;
 #   2. podman: default_ulimits in /etc/containers/containers.conf (root may lack CAP_SYS_RESOURCE);
 #   3. crun on cgroup-v1 "hybrid" hosts: mounts the v1 hugetlb hierarchy crun insists on;
-#   4. docker: registers gVisor's runsc runtime (--network=none) in /etc/docker/daemon.json;
+#   4. docker: registers gVisor's runsc runtime (--network=none --host-uds=open) in
+#      /etc/docker/daemon.json;
 #   5. starts dockerd if it is not running (no bridge, no iptables) and waits until it answers;
 #      reloads it (SIGHUP) when daemon.json changed.
 #
@@ -144,8 +145,14 @@ runtimes = config.setdefault("runtimes", {})
 entry = runtimes.setdefault("runsc", {})
 entry["path"] = runsc
 # gVisor gets no network at all; never --platform=kvm here (it hangs on hosts with a fake /dev/kvm).
-args = [a for a in entry.get("runtimeArgs", []) if not a.startswith(("--network", "--platform=kvm"))]
-entry["runtimeArgs"] = ["--network=none", *args]
+args = [
+    a
+    for a in entry.get("runtimeArgs", [])
+    if not a.startswith(("--network", "--platform=kvm", "--host-uds"))
+]
+# --host-uds=open: the sandbox may connect to host unix sockets bind-mounted into it (the
+# launcher's model-proxy and backend relays, in root-only dirs); gVisor refuses them otherwise
+entry["runtimeArgs"] = ["--network=none", "--host-uds=open", *args]
 if json.dumps(config, sort_keys=True) != before:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
     with os.fdopen(fd, "w") as f:

@@ -53,7 +53,8 @@ def test_merges_into_existing_files_and_is_idempotent(tmp_path: Path) -> None:
     assert daemon["log-driver"] == "json-file"  # kept
     assert daemon["runtimes"]["other"] == {"path": "/usr/bin/other"}  # kept
     runsc = daemon["runtimes"]["runsc"]
-    assert runsc["runtimeArgs"] == ["--network=none", "--debug"]  # never --platform=kvm
+    # never --platform=kvm; host unix sockets (the launcher's relays) may be opened
+    assert runsc["runtimeArgs"] == ["--network=none", "--host-uds=open", "--debug"]
     assert runsc["path"].endswith("runsc")
 
     conf = (tmp_path / "containers.conf").read_text()
@@ -74,7 +75,7 @@ def test_merges_into_existing_files_and_is_idempotent(tmp_path: Path) -> None:
 def test_creates_missing_files(tmp_path: Path) -> None:
     _run(tmp_path)
     daemon = json.loads((tmp_path / "daemon.json").read_text())
-    assert daemon["runtimes"]["runsc"]["runtimeArgs"] == ["--network=none"]
+    assert daemon["runtimes"]["runsc"]["runtimeArgs"] == ["--network=none", "--host-uds=open"]
     assert "default_ulimits" in (tmp_path / "containers.conf").read_text()
 
 

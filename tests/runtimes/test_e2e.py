@@ -356,15 +356,25 @@ def test_signal_removes_exactly_this_launchers_sandboxes(
 
 # ---- a model behind a proxy, and the launcher's backstop ---------------------------------------
 @pytest.mark.requires_docker
-@pytest.mark.parametrize("provider", ["anthropic", "openai"])
-def test_model_calls_go_through_the_proxy(env_dir: Path, tmp_path: Path, provider: str) -> None:
+@pytest.mark.parametrize(
+    ("runtime_name", "provider"),
+    [
+        ("docker", "anthropic"),
+        ("docker", "openai"),
+        # gVisor refuses host unix sockets unless runsc runs with --host-uds=open
+        pytest.param("docker:gvisor", "openai", marks=pytest.mark.requires_gvisor),
+    ],
+)
+def test_model_calls_go_through_the_proxy(
+    env_dir: Path, tmp_path: Path, runtime_name: str, provider: str
+) -> None:
     """The sandbox has no network; --proxy relays the harness's model calls to a local
     provider stub (Claude: URL/v1/messages, others: URL/v1/chat/completions)."""
     from stubs.helpers import model_id
     from stubs.provider_stub import ProviderStub, StubReply
 
-    _available("docker")
-    image = _image(env_dir, "docker")
+    _available(runtime_name)
+    image = _image(env_dir, runtime_name)
     out = tmp_path / "out"
     with ProviderStub([StubReply(text="The sum is 52.\n\nSUM: 52")]) as stub:
         proc = subprocess.run(
@@ -381,7 +391,7 @@ def test_model_calls_go_through_the_proxy(env_dir: Path, tmp_path: Path, provide
                 str(out),
                 "--no-ui",
                 "--runtime",
-                "docker",
+                runtime_name,
                 "--image",
                 image,
                 "--proxy",
