@@ -19,6 +19,9 @@ pytestmark = pytest.mark.requires_browser
 
 TIMEOUT_MS = 15_000
 NONE = "\u2013"  # what the pages show for an unknown value
+# List rows are `content-visibility: auto`: until the next frame decides they are on screen, rows
+# just rendered are "skipped" and their `innerText` is "" (seen: about half the runs of the sort
+# check). Row cells are therefore read with `textContent`, which does not depend on layout.
 
 
 def open_list(page: Any, url: str, query: str = "") -> None:
@@ -64,17 +67,17 @@ def test_list_shows_every_run_with_status_and_scores(
     }
     for path, (status, score, steps, error_kind) in expected.items():
         r = row(page, path)
-        assert r.locator(".badge").inner_text() == status, path
-        assert r.locator("td.score").inner_text() == score, path
-        assert r.locator(".step-score").all_inner_texts() == steps, path
-        assert r.locator("td.error-kind").inner_text() == error_kind, path
-    assert MISBEHAVIOR_REASON in row(page, "run-cheat.json").inner_text()
+        assert r.locator(".badge").text_content() == status, path
+        assert r.locator("td.score").text_content() == score, path
+        assert r.locator(".step-score").all_text_contents() == steps, path
+        assert r.locator("td.error-kind").text_content() == error_kind, path
+    assert MISBEHAVIOR_REASON in row(page, "run-cheat.json").text_content()
     # broken files are rows saying what is wrong, and the page still works around them
     broken = row(page, "broken.json")
-    assert broken.locator(".badge").inner_text() == "malformed"
-    assert "not JSON" in broken.locator(".problem").inner_text()
+    assert broken.locator(".badge").text_content() == "malformed"
+    assert "not JSON" in broken.locator(".problem").text_content()
     half = row(page, "half-written.json")
-    assert "cut short" in half.locator(".problem").inner_text()
+    assert "cut short" in half.locator(".problem").text_content()
     # totals: 5 finished runs (pass, nested pass, fail, cheat, error) of which 2 passed
     assert "40.0%" in page.inner_text("#t-pass-rate")
     assert "(2 of 5 finished)" in page.inner_text("#t-pass-rate")
@@ -110,11 +113,11 @@ def test_filters_sorting_and_totals(
     page.fill("#f-text", "")
     # sorting by score: highest first, then lowest first; runs without a score stay last
     page.click('th[data-key="score"]')
-    scores = page.locator("#runs tbody td.score").all_inner_texts()
+    scores = page.locator("#runs tbody td.score").all_text_contents()
     known = [float(s) for s in scores if s != NONE]
     assert known == sorted(known, reverse=True) and scores[-1] == NONE
     page.click('th[data-key="score"]')
-    scores = page.locator("#runs tbody td.score").all_inner_texts()
+    scores = page.locator("#runs tbody td.score").all_text_contents()
     known = [float(s) for s in scores if s != NONE]
     assert known == sorted(known) and scores[-1] == NONE
     # a filtered address opens filtered
@@ -197,7 +200,7 @@ def test_live_run_updates_without_reload(
     stream = root / "live.events.jsonl"
     append_jsonl(stream, events[:4])
     page.wait_for_selector('tr[data-path="live.events.jsonl"]', timeout=TIMEOUT_MS)
-    assert row(page, "live.events.jsonl").locator(".badge").inner_text() == "running"
+    assert row(page, "live.events.jsonl").locator(".badge").text_content() == "running"
     # open it, then the run goes on
     page.goto(f"{server.url}/run?path=live.events.jsonl")
     page.wait_for_selector("body[data-ready]", timeout=TIMEOUT_MS)
@@ -221,7 +224,7 @@ def test_live_run_updates_without_reload(
     # back on the list, the finished run shows its result
     page.goto(server.url)
     page.wait_for_selector("body[data-ready]", timeout=TIMEOUT_MS)
-    assert row(page, "live.events.jsonl").locator(".badge").inner_text() == "passed"
+    assert row(page, "live.events.jsonl").locator(".badge").text_content() == "passed"
 
 
 def test_rewritten_transcript_updates_live(
@@ -253,7 +256,7 @@ def test_hostile_transcript_text_is_shown_as_text(
     write_transcript(tmp_path / "hostile.json", events)
     server = serve(tmp_path)
     open_list(page, server.url)
-    assert row(page, "hostile.json").locator("td.task").inner_text() == hostile
+    assert row(page, "hostile.json").locator("td.task").text_content() == hostile
     page.goto(f"{server.url}/run?path=hostile.json")
     page.wait_for_selector("body[data-ready]", timeout=TIMEOUT_MS)
     assert hostile in page.locator(".row.tool .tool-body").first.inner_text()
