@@ -135,6 +135,85 @@ def test_sandbox_round_trip(qemu: QemuRuntime, tmp_path: Path, label: str) -> No
     qemu.remove(sandbox)  # idempotent
 
 
+GUEST_PROBE = """
+import socket, sys
+def ask(payload):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect("/run/karotte/relay/proxy.sock")
+    s.sendall(payload)
+    s.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+print(ask(b"one").decode(), ask(b"two").decode())
+for host, port in [("10.0.2.2", int(sys.argv[1])), ("10.0.2.100", 9), ("192.0.2.1", 80)]:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("REACHED", host)
+    except OSError:
+        print("unreachable", host)
+"""
+
+
+def test_relay_sockets_are_forwarded_and_nothing_else_is_reachable(
+    qemu: QemuRuntime, tmp_path: Path, label: str
+) -> None:
+    """The launcher's relays (model proxy, backend) are unix sockets in a mounted directory: in a
+    VM they are forwarded through QEMU's restricted user network, which reaches nothing else."""
+    import socket
+    import threading
+
+    relay = tmp_path / "relay"
+    relay.mkdir(mode=0o700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(relay / "proxy.sock"))
+    server.listen(8)
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while chunk := conn.recv(4096):
+                    data += chunk
+                conn.sendall(b"host-saw-" + data)
+
+    threading.Thread(target=answer, daemon=True).start()
+    host_service = socket.create_server(("0.0.0.0", 0))  # a host port the guest must not reach
+    port = host_service.getsockname()[1]
+    spec = SandboxSpec(
+        image=BASE_TAG,
+        name=f"karotte-{label}",
+        command=["python3", "-c", GUEST_PROBE, str(port)],
+        labels={LABEL_RUN_ID: label},
+        mounts=[Mount(source=relay, target="/run/karotte/relay")],
+        memory_bytes=1 << 30,
+        disk_bytes=1 << 30,
+    )
+    sandbox = qemu.start(spec)
+    stderr: list[str] = []
+    lines = [line.decode().strip() for line in qemu.stream_output(sandbox, stderr.append)]
+    code = qemu.wait(sandbox, timeout_s=60)
+    qemu.remove(sandbox)
+    server.close()
+    host_service.close()
+    assert code == 0, stderr
+    assert lines == [
+        "host-saw-one host-saw-two",
+        "unreachable 10.0.2.2",
+        "unreachable 10.0.2.100",
+        "unreachable 192.0.2.1",
+    ], stderr
+    assert (relay / "proxy.sock").exists()  # the host's socket is not taken back as /out
+
+
 def _karotte_run(env_dir: Path, out: Path, *args: str, **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, **kw.pop("env", {})}  # type: ignore[dict-item]
     return subprocess.Popen(
@@ -160,6 +239,30 @@ def test_example_task_passes_in_qemu(env_dir: Path, image: str, tmp_path: Path) 
     limits = next(e for e in transcript["events"] if e["type"] == "limits_applied")["limits"]
     print(f"\nexample-task under qemu: {elapsed:.1f} s; limits: {json.dumps(limits)[:600]}")
     assert get_runtime("qemu").list_sandboxes({LABEL_RUN_ID: transcript["run_id"]}) == []
+
+
+def test_model_calls_go_through_the_proxy_in_qemu(
+    env_dir: Path, image: str, tmp_path: Path
+) -> None:
+    """`--proxy` in a VM: the launcher's relay socket is forwarded into the guest (QEMU's
+    restricted user network), and the harness's model calls reach a local provider stub."""
+    from stubs.helpers import model_id
+    from stubs.provider_stub import ProviderStub, StubReply
+
+    out = tmp_path / "out"
+    with ProviderStub([StubReply(text="The sum is 52.\n\nSUM: 52")]) as stub:
+        proc = subprocess.run(
+            [KAROTTE, "run", "--task", "example-task", "--model", model_id("anthropic"),
+             "--model-api-key", "sk-test", "--out", str(out), "--no-ui", "--runtime", "qemu",
+             "--image", image, "--proxy", stub.url],
+            cwd=env_dir, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        paths = [r.path for r in stub.requests]
+    transcript = json.loads((out / "transcript.json").read_text())
+    assert transcript["status"] != "error", proc.stderr[-4000:]
+    assert paths and all(p.startswith("/v1/messages") for p in paths), paths
+    assert transcript["events"][-1]["scores"][0] == 1.0  # step 1 answered through the proxy
+    assert transcript["events"][0]["sandbox"] == "qemu"
 
 
 def test_hung_guest_is_killed_by_the_watchdog(env_dir: Path, image: str, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from karotte.host.runtimes.base import Availability, register_runtime
 from karotte.host.vm import paths
 from karotte.host.vm.kernel import GuestKernel, KernelMissingError, prepare_kernel
 from karotte.host.vm.machine import VmLayout, VmRuntime
+from karotte.host.vm.socket_forward import qemu_network_args
 
 QEMU = "qemu-system-x86_64"
 BOOT_MARKER = b"KAROTTE-BOOT-OK"
@@ -211,6 +212,9 @@ class QemuRuntime(VmRuntime):
             "-qmp",
             f"unix:{layout.qmp_socket},server=on,wait=off",
         ]
+        # no network device unless the launcher's relays must reach the guest, and then one
+        # that reaches nothing but them
+        argv += qemu_network_args(list(layout.socket_forwards))
         return argv
 
 

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -238,6 +239,10 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _sockets(directory: str, names: list[str]) -> set[str]:
+    return {n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)}
+
+
 def in_drive(
     path: Path, vm_config: dict[str, Any], mounts: list[tuple[Path, str, bool]]
 ) -> dict[str, str]:
@@ -252,7 +257,8 @@ def in_drive(
         for index, (source, target, read_only) in enumerate(mounts):
             dest = staging / "mounts" / str(index)
             if source.is_dir():
-                shutil.copytree(source, dest, symlinks=True)
+                # sockets are forwarded, not copied (karotte.host.vm.socket_forward)
+                shutil.copytree(source, dest, symlinks=True, ignore=_sockets)
                 for root, _dirs, files in os.walk(dest):
                     for name in files:
                         file = Path(root) / name

@@ -6,7 +6,9 @@ Standard library only (it runs with whatever python3 the image has, 3.9+). It re
 1. mounts cgroup v2 and makes ``/sys/fs/cgroup/karotte/{harness,student}`` with the sandbox's
    memory and pids limits on ``karotte`` (the student's cgroup is handed to the harness as
    ``KAROTTE_CGROUP_ROOT``), the bounded tmpfs mounts, and copies the host's mounts in (read-only
-   ones are then remounted read-only);
+   ones are then remounted read-only); if the host forwards unix sockets (the launcher's relays,
+   :mod:`karotte.host.vm.socket_forward`), brings up the one network interface and listens at
+   each socket's path;
 2. starts the command (the harness) in ``karotte/harness`` and forwards its stdout and stderr
    line by line as frames on the channel (``karotte.events`` virtio-serial port, or the serial
    line named by ``karotte.channel=``), with a heartbeat every second;
@@ -27,6 +29,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -138,6 +141,68 @@ def copy_mounts(mounts: list[dict[str, Any]]) -> None:
             run([BUSYBOX, "mount", "-o", "remount,ro,bind", target, target])
 
 
+def _copy(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def _join(client: socket.socket, address: str, port: int) -> None:
+    try:
+        upstream = socket.create_connection((address, port), timeout=30)
+    except OSError:
+        client.close()
+        return
+    upstream.settimeout(None)
+    back = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
+    back.start()
+    _copy(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def _accept(listener: socket.socket, address: str, port: int) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_join, args=(client, address, port), daemon=True).start()
+
+
+def start_socket_forwards(config: dict[str, Any], log: Channel) -> None:
+    """The host's relay sockets (karotte.host.vm.socket_forward): bring up the one interface,
+    which reaches only the forward address, and listen at each socket's path (root only)."""
+    forwards: list[dict[str, Any]] = config.get("socket_forwards") or []
+    if not forwards:
+        return
+    links = sorted(n for n in os.listdir("/sys/class/net") if n != "lo")
+    if not links:
+        log.send("L", b"socket forwards asked for, but the guest has no network interface")
+        return
+    run([BUSYBOX, "ip", "addr", "add", config["guest_address"], "dev", links[0]])
+    run([BUSYBOX, "ip", "link", "set", links[0], "up"])
+    for forward in forwards:
+        path = forward["path"]
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+        args = (listener, forward["address"], int(forward["port"]))
+        threading.Thread(target=_accept, args=args, daemon=True).start()
+
+
 def pump(stream: IO[bytes], kind: str, channel: Channel) -> None:
     for line in iter(stream.readline, b""):
         channel.send(kind, line.rstrip(b"\n"))
@@ -236,6 +301,7 @@ def supervise(channel: Channel) -> int:
     env.update(setup_cgroups(config.get("memory_bytes"), config.get("pids_limit"), channel))
     mounts: list[dict[str, Any]] = config.get("mounts", [])
     copy_mounts(mounts)
+    start_socket_forwards(config, channel)
     channel.send("L", b"guest ready")
 
     def enter_cgroup() -> None:

@@ -5,10 +5,10 @@ At first use (cached under the VM cache, keyed by kernel version and the init's 
 * ``vmlinux`` — the payload of the ``vmlinuz`` bzImage, decompressed: QEMU's ``microvm`` boots
   an uncompressed ELF through PVH much faster than a bzImage, and Firecracker needs one too;
 * ``initramfs.cpio`` — busybox (static, from the host's ``busybox-static``), the modules the guest
-  needs (virtio-mmio, virtio-blk, virtio-console, loop, overlay, the netfilter pieces the
-  student's firewall uses) with their dependencies, and the stage-1 ``/init`` (a shell script that
-  mounts the drives, builds the root overlay, prepares cgroups and hands over to
-  :mod:`karotte.host.vm.guest_init`, copied into the guest's root).
+  needs (virtio-mmio, virtio-blk, virtio-console, virtio-net for socket forwards, loop, overlay,
+  the netfilter pieces the student's firewall uses) with their dependencies, and the stage-1
+  ``/init`` (a shell script that mounts the drives, builds the root overlay, prepares cgroups and
+  hands over to :mod:`karotte.host.vm.guest_init`, copied into the guest's root).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ GUEST_MODULES = (
     "virtio_mmio",
     "virtio_blk",
     "virtio_console",
+    "virtio_net",
     "loop",
     "overlay",
     "nf_tables",

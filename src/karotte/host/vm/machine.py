@@ -36,6 +36,7 @@ from karotte.host.runtimes.base import (
 from karotte.host.runtimes.docker import DockerRuntime
 from karotte.host.vm import channel, drives, paths, sizing
 from karotte.host.vm.kernel import GuestKernel, prepare_kernel
+from karotte.host.vm.socket_forward import GUEST_ADDRESS, SocketForward, find_socket_forwards
 from karotte.host.vm.supervisor import ExitStatus, MachineConfig
 
 CONSOLE_TAIL_LINES = 30
@@ -53,6 +54,7 @@ class VmLayout:
     out: Path
     memory_mib: int
     vcpus: int
+    socket_forwards: tuple[SocketForward, ...] = ()
 
     @property
     def channel_log(self) -> Path:
@@ -148,6 +150,7 @@ class VmRuntime(Runtime, abc.ABC):
                 out=directory / "out.raw",
                 memory_mib=sizing.guest_memory_mib(spec.memory_bytes),
                 vcpus=sizing.guest_vcpus(spec.cpus),
+                socket_forwards=tuple(find_socket_forwards(spec.mounts)),
             )
             drives.scratch_drive(layout.scratch, disk)
             drives.out_drive(layout.out, disk)
@@ -164,6 +167,8 @@ class VmRuntime(Runtime, abc.ABC):
                 "shm_bytes": spec.tmpfs.get("/dev/shm", 64 * sizing.MIB),
                 "hostname": spec.name[:63],
                 "heartbeat_s": 1.0,
+                "guest_address": GUEST_ADDRESS,
+                "socket_forwards": [f.guest_config() for f in layout.socket_forwards],
             }
             mounts = [(m.source, m.target, m.read_only) for m in spec.mounts]
             manifest = drives.in_drive(layout.io_in, vm_config, mounts)
