@@ -23,31 +23,23 @@ from karotte.host.runtimes.cgroup_delegation import (
 from karotte.host.runtimes.docker import DockerRuntime, GVisorRuntime
 from karotte.host.runtimes.oci_cli import OciCliRuntime
 from karotte.host.runtimes.podman import PodmanRuntime
+from karotte.host.vm.machine import VmRuntime
 
-from .conftest import TINY_TAG
+from .conftest import SpecFactory
 
 pytestmark = pytest.mark.slow
 
 
-def _spec(label: str, command: list[str], **kwargs: object) -> SandboxSpec:
-    data: dict[str, object] = {
-        "image": TINY_TAG,
-        "name": f"kt-{label}-{uuid.uuid4().hex[:6]}",
-        "command": command,
-        "labels": {LABEL_RUN_ID: label},
-    }
-    data.update(kwargs)
-    return SandboxSpec.model_validate(data)
-
-
 def test_registry_has_the_runtimes() -> None:
-    assert {"docker", "podman", "docker:gvisor", "local"} <= set(runtime_names())
+    assert {"docker", "podman", "docker:gvisor", "qemu", "firecracker", "local"} <= set(
+        runtime_names()
+    )
     with pytest.raises(RuntimeUnavailableError, match="known runtimes"):
         get_runtime("no-such-runtime")
 
 
-def test_start_exec_stream_wait_remove(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["sh", "-c", "echo first; sleep 2; echo second"]))
+def test_start_exec_stream_wait_remove(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["sh", "-c", "echo first; sleep 2; echo second"]))
     result = runtime.exec(sandbox, ["echo", "from-exec"])
     assert result.returncode == 0 and result.stdout == b"from-exec\n"
     started = time.monotonic()
@@ -62,18 +54,23 @@ def test_start_exec_stream_wait_remove(runtime: Runtime, cleanup: str) -> None:
     assert runtime.list_sandboxes({LABEL_RUN_ID: cleanup}) == []
 
 
-def test_exit_code_and_stderr_apart(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["sh", "-c", "echo out; echo err >&2; exit 7"]))
+def test_exit_code_and_stderr_apart(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["sh", "-c", "echo out; echo err >&2; exit 7"]))
     errors: list[str] = []
     lines = list(runtime.stream_output(sandbox, on_stderr=errors.append))
     assert lines == [b"out\n"]
     assert runtime.wait(sandbox, timeout_s=30) == 7
-    assert errors == ["err"]
+    assert _command_stderr(errors) == ["err"]
 
 
-def test_labels_and_list(runtime: Runtime, cleanup: str) -> None:
+def _command_stderr(lines: list[str]) -> list[str]:
+    """The command's stderr, without the runtime's own ``[vm] …`` diagnostics."""
+    return [line for line in lines if not line.startswith("[")]
+
+
+def test_labels_and_list(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
     sandbox = runtime.start(
-        _spec(cleanup, ["sleep", "30"], labels={LABEL_RUN_ID: cleanup, "dev.karotte.extra": "x"})
+        spec(["sleep", "30"], labels={LABEL_RUN_ID: cleanup, "dev.karotte.extra": "x"})
     )
     found = runtime.list_sandboxes({LABEL_RUN_ID: cleanup})
     assert [s.id for s in found] == [sandbox.id]
@@ -83,17 +80,18 @@ def test_labels_and_list(runtime: Runtime, cleanup: str) -> None:
     assert runtime.list_sandboxes({LABEL_RUN_ID: f"{cleanup}-other"}) == []
 
 
-def test_exec_as_user(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["sleep", "30"]))
+def test_exec_as_user(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["sleep", "30"]))
     assert runtime.exec(sandbox, ["id", "-u"], user="student").stdout == b"1000\n"
     assert runtime.exec(sandbox, ["id", "-u"], user="1000:1000").stdout == b"1000\n"
     assert runtime.exec(sandbox, ["id", "-u"]).stdout == b"0\n"
 
 
-def test_env_vars_visible_and_not_in_argv(runtime: Runtime, cleanup: str) -> None:
+def test_env_vars_visible_and_not_in_argv(
+    runtime: Runtime, cleanup: str, spec: SpecFactory
+) -> None:
     sandbox = runtime.start(
-        _spec(
-            cleanup,
+        spec(
             ["sh", "-c", "echo $KAROTTE_SANDBOX $SECRETISH"],
             env={"KAROTTE_SANDBOX": runtime.sandbox_kind, "SECRETISH": "s3cr3t value"},
         )
@@ -101,19 +99,22 @@ def test_env_vars_visible_and_not_in_argv(runtime: Runtime, cleanup: str) -> Non
     assert b"".join(runtime.stream_output(sandbox)) == (
         f"{runtime.sandbox_kind} s3cr3t value\n".encode()
     )
-    assert isinstance(runtime, OciCliRuntime)
-    argv, env = runtime.run_command(_spec(cleanup, ["true"], env={"SECRETISH": "s3cr3t value"}))
-    assert not any("s3cr3t" in arg for arg in argv)
-    assert env == {"SECRETISH": "s3cr3t value"}
+    if isinstance(runtime, OciCliRuntime):
+        argv, env = runtime.run_command(spec(["true"], env={"SECRETISH": "s3cr3t value"}))
+        assert not any("s3cr3t" in arg for arg in argv)
+        assert env == {"SECRETISH": "s3cr3t value"}
+    elif isinstance(runtime, VmRuntime):  # the values travel in the io drive, not on a command line
+        assert all(b"s3cr3t" not in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _pids())
 
 
-def test_out_mount_round_trip(runtime: Runtime, cleanup: str, tmp_out: Path) -> None:
+def test_out_mount_round_trip(
+    runtime: Runtime, cleanup: str, tmp_out: Path, spec: SpecFactory
+) -> None:
     (tmp_out / "in.txt").write_text("from host\n")
     ro = tmp_out.parent / "ro"
     ro.mkdir()
     sandbox = runtime.start(
-        _spec(
-            cleanup,
+        spec(
             ["sh", "-c", "cat /out/in.txt > /out/back.txt; echo x > /ro/f; echo rc=$?"],
             mounts=[
                 Mount(source=tmp_out, target="/out"),
@@ -140,29 +141,38 @@ def _host_memory_limit(runtime: OciCliRuntime, sandbox_id: str) -> int:
     raise AssertionError("no memory cgroup found for the sandbox")
 
 
+def _pids() -> list[str]:
+    return [p.name for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
 @pytest.mark.requires_root
-def test_memory_and_pids_limits_set(runtime: Runtime, cleanup: str) -> None:
-    assert isinstance(runtime, OciCliRuntime)
+def test_memory_and_pids_limits_set(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
     limit = 96 * 1024 * 1024
-    sandbox = runtime.start(_spec(cleanup, ["sleep", "30"], memory_bytes=limit, pids_limit=64))
+    sandbox = runtime.start(spec(["sleep", "30"], memory_bytes=limit, pids_limit=64))
+    if isinstance(runtime, VmRuntime):  # the guest kernel enforces them, on the run's cgroup
+        read = ["cat", "/sys/fs/cgroup/karotte/memory.max", "/sys/fs/cgroup/karotte/pids.max"]
+        assert runtime.exec(sandbox, read).stdout.split() == [str(limit).encode(), b"64"]
+        return
+    assert isinstance(runtime, OciCliRuntime)
     assert _host_memory_limit(runtime, sandbox.id) == limit
 
 
-def test_stop_then_remove_is_idempotent(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["sleep", "300"], init=True))
+def test_stop_then_remove_is_idempotent(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["sleep", "300"], init=True))
     started = time.monotonic()
     runtime.stop(sandbox, timeout_s=2)
     assert time.monotonic() - started < 30
-    assert isinstance(runtime, OciCliRuntime)
-    assert not runtime.is_running(sandbox)
+    runtime.wait(sandbox, timeout_s=5)  # stopped: no TimeoutError
     runtime.remove(sandbox)
     runtime.remove(sandbox)  # already gone: fine
     runtime.stop(sandbox)  # also fine
     assert runtime.list_sandboxes({LABEL_RUN_ID: cleanup}) == []
 
 
-def test_capabilities_dropped_except_added(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["cat", "/proc/self/status"], cap_add=["CHOWN", "KILL"]))
+def test_capabilities_dropped_except_added(
+    runtime: Runtime, cleanup: str, spec: SpecFactory
+) -> None:
+    sandbox = runtime.start(spec(["cat", "/proc/self/status"], cap_add=["CHOWN", "KILL"]))
     status = b"".join(runtime.stream_output(sandbox)).decode()
     eff = next(line for line in status.splitlines() if line.startswith("CapEff:"))
     assert int(eff.split()[1], 16) == (1 << 0) | (1 << 5)  # CHOWN, KILL and nothing else
@@ -171,17 +181,16 @@ def test_capabilities_dropped_except_added(runtime: Runtime, cleanup: str) -> No
         assert nnp.split()[1] == "1"
 
 
-def test_network_none_has_only_loopback(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["cat", "/proc/net/dev"]))
+def test_network_none_has_only_loopback(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["cat", "/proc/net/dev"]))
     text = b"".join(runtime.stream_output(sandbox)).decode()
     interfaces = {line.split(":")[0].strip() for line in text.splitlines()[2:] if ":" in line}
     assert interfaces <= {"lo"}
 
 
-def test_tmpfs_bounded(runtime: Runtime, cleanup: str) -> None:
+def test_tmpfs_bounded(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
     sandbox = runtime.start(
-        _spec(
-            cleanup,
+        spec(
             ["sh", "-c", "head -c 3000000 /dev/zero > /tmp/big; echo rc=$?"],
             tmpfs={"/tmp": 1024 * 1024},
         )
@@ -189,21 +198,30 @@ def test_tmpfs_bounded(runtime: Runtime, cleanup: str) -> None:
     assert b"".join(runtime.stream_output(sandbox)).endswith(b"rc=1\n")
 
 
-def test_exec_timeout(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["sleep", "60"]))
+def test_exec_timeout(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["sleep", "60"]))
     with pytest.raises(TimeoutError):
         runtime.exec(sandbox, ["sleep", "30"], timeout_s=1)
 
 
-def test_wait_timeout(runtime: Runtime, cleanup: str) -> None:
-    sandbox = runtime.start(_spec(cleanup, ["sleep", "60"]))
+def test_wait_timeout(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    sandbox = runtime.start(spec(["sleep", "60"]))
     with pytest.raises(TimeoutError):
         runtime.wait(sandbox, timeout_s=1)
 
 
-def test_start_failure_leaves_nothing(runtime: Runtime, cleanup: str) -> None:
-    with pytest.raises(RuntimeUnavailableError):
-        runtime.start(_spec(cleanup, ["/no/such/binary"]))
+def test_start_failure_leaves_nothing(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    if isinstance(runtime, VmRuntime):
+        # the guest's init, not the host, finds the command missing: exit 127, said on stderr
+        sandbox = runtime.start(spec(["/no/such/binary"]))
+        errors: list[str] = []
+        assert list(runtime.stream_output(sandbox, on_stderr=errors.append)) == []
+        assert runtime.wait(sandbox, timeout_s=60) == 127
+        assert any("/no/such/binary" in line for line in _command_stderr(errors)), errors
+        runtime.remove(sandbox)
+    else:
+        with pytest.raises(RuntimeUnavailableError):
+            runtime.start(spec(["/no/such/binary"]))
     assert runtime.list_sandboxes({LABEL_RUN_ID: cleanup}) == []
 
 
@@ -215,10 +233,16 @@ def _broken(runtime: Runtime) -> Runtime:
         return GVisorRuntime(env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     if isinstance(runtime, DockerRuntime):
         return DockerRuntime(env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    if isinstance(runtime, VmRuntime):  # images come from docker: a stopped docker stops it too
+        broken = type(runtime)()
+        broken.engine = DockerRuntime(env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+        return broken
     raise AssertionError(f"no broken variant for {runtime.name}")
 
 
-def test_stopped_engine_is_unavailable_with_fix(runtime: Runtime, cleanup: str) -> None:
+def test_stopped_engine_is_unavailable_with_fix(
+    runtime: Runtime, cleanup: str, spec: SpecFactory
+) -> None:
     broken = _broken(runtime)
     availability = broken.availability()
     assert not availability.ok
@@ -226,12 +250,17 @@ def test_stopped_engine_is_unavailable_with_fix(runtime: Runtime, cleanup: str) 
     with pytest.raises(RuntimeUnavailableError, match="fix:"):
         broken.ensure_available()
     with pytest.raises(RuntimeUnavailableError, match="fix:"):
-        broken.start(_spec(cleanup, ["true"]))
+        broken.start(spec(["true"]))
 
 
-def test_missing_binary_is_unavailable_with_install_fix(runtime: Runtime) -> None:
-    assert isinstance(runtime, OciCliRuntime)
-    missing = type(runtime)(env={"PATH": "/nonexistent"})
+def test_missing_binary_is_unavailable_with_install_fix(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if isinstance(runtime, OciCliRuntime):
+        missing: Runtime = type(runtime)(env={"PATH": "/nonexistent"})
+    else:
+        monkeypatch.setenv("PATH", "/nonexistent")
+        missing = type(runtime)()
     availability = missing.availability()
     assert not availability.ok
     assert "not installed" in availability.reason
@@ -239,9 +268,11 @@ def test_missing_binary_is_unavailable_with_install_fix(runtime: Runtime) -> Non
 
 
 @pytest.mark.requires_root
-def test_writable_student_cgroup(runtime: Runtime, cleanup: str) -> None:
+def test_writable_student_cgroup(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
     """The launcher's cgroup delegation: the sandbox's root can move a process into the
     student cgroup, and the run's memory limit sits above both."""
+    if isinstance(runtime, VmRuntime):
+        pytest.skip(f"{runtime.name}: the guest's cgroups are its own (tests/vm/test_qemu.py)")
     assert isinstance(runtime, OciCliRuntime)
     if not runtime.supports_writable_cgroup:
         pytest.skip(f"{runtime.name} runs its processes in its own kernel: no host cgroups")
@@ -252,8 +283,7 @@ def test_writable_student_cgroup(runtime: Runtime, cleanup: str) -> None:
     assert delegation is not None, why
     try:
         sandbox = runtime.start(
-            _spec(
-                cleanup,
+            spec(
                 [
                     "sh",
                     "-c",

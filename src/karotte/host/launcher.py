@@ -617,16 +617,23 @@ class Launcher:
         """--prepare-only: print how to get in, then keep the sandboxes until Ctrl-C."""
         for slot in self.slots:
             assert slot.sandbox is not None
-            exec_cmd = (
-                self.runtime.exec_prefix(slot.sandbox)
-                if isinstance(self.runtime, OciCliRuntime)
-                else [self.runtime.name, "exec", slot.sandbox.name]
-            )
-            self.display.message(
-                f"sandbox {slot.sandbox.name} is ready. Get a shell: {' '.join(exec_cmd)} bash\n"
-                f"  run the harness in it: {SANDBOX_KAROTTE} run --no-containerized "
+            harness = (
+                f"{SANDBOX_KAROTTE} run --no-containerized "
                 f"--config {SANDBOX_OUT}/{slot.host_run_config.name}"
             )
+            if isinstance(self.runtime, OciCliRuntime):
+                exec_cmd = " ".join(self.runtime.exec_prefix(slot.sandbox))
+                self.display.message(
+                    f"sandbox {slot.sandbox.name} is ready. Get a shell: {exec_cmd} bash\n"
+                    f"  run the harness in it: {harness}"
+                )
+            else:  # a VM: commands go in one at a time (Runtime.exec), there is no terminal
+                self.display.message(
+                    f"sandbox {slot.sandbox.name} is ready ({self.runtime.name}: no interactive "
+                    "shell into a VM; run commands in it with the runtime's exec, e.g. "
+                    f"get_runtime({self.runtime.name!r}).exec(sandbox, argv))\n"
+                    f"  the harness's command in it: {harness}"
+                )
         if self.options.keep_containers:
             self.display.message("--keep-containers: leaving them running; `karotte clean --kept`")
             return

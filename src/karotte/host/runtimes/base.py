@@ -142,7 +142,8 @@ class Runtime(abc.ABC):
         self, sandbox: Sandbox, on_stderr: OutputCallback | None = None
     ) -> Iterator[bytes]:
         """The sandbox command's stdout, line by line, until it exits (stderr lines go to
-        ``on_stderr``)."""
+        ``on_stderr``, and so do the runtime's own diagnostics, each prefixed with its source in
+        brackets, e.g. ``[vm] …``)."""
 
     @abc.abstractmethod
     def wait(self, sandbox: Sandbox, timeout_s: float | None = None) -> int: ...

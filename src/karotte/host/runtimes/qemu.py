@@ -134,6 +134,7 @@ def kvm_probe(kernel: GuestKernel) -> BootProbe:
 class QemuRuntime(VmRuntime):
     name: ClassVar[str] = "qemu"
     sandbox_kind: ClassVar[str] = "qemu"
+    has_exec_channel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -209,6 +210,10 @@ class QemuRuntime(VmRuntime):
             f"socket,id=ctl,path={layout.control_socket},server=on,wait=off",
             "-device",
             "virtserialport,chardev=ctl,name=karotte.ctl",
+            "-chardev",
+            f"socket,id=exec,path={layout.exec_socket},server=on,wait=off",
+            "-device",
+            "virtserialport,chardev=exec,name=karotte.exec",
             "-qmp",
             f"unix:{layout.qmp_socket},server=on,wait=off",
         ]

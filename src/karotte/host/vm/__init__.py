@@ -12,3 +12,8 @@
   (the watchdog), and copies ``/out`` back (regular files only);
 * :mod:`.guest_init` — PID 1 inside the guest (stdlib only; runs with the image's python3).
 """
+
+# The VM runtimes (registered by karotte.host.runtimes) import this layer, and the layer imports
+# the runtimes' base: load the runtimes first, so that importing any module of this package
+# first (a test, the supervisor) does not meet a half-initialised module.
+import karotte.host.runtimes  # noqa: F401

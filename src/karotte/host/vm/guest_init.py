@@ -9,10 +9,14 @@ Standard library only (it runs with whatever python3 the image has, 3.9+). It re
    ones are then remounted read-only); if the host forwards unix sockets (the launcher's relays,
    :mod:`karotte.host.vm.socket_forward`), brings up the one network interface and listens at
    each socket's path;
-2. starts the command (the harness) in ``karotte/harness`` and forwards its stdout and stderr
-   line by line as frames on the channel (``karotte.events`` virtio-serial port, or the serial
-   line named by ``karotte.channel=``), with a heartbeat every second;
-3. obeys ``TERM``/``KILL`` lines on the control port (``karotte.ctl``) by signalling the command;
+2. starts the command (the harness) in ``karotte/harness`` with, as in a container, only the
+   sandbox's capabilities (the rest dropped from the bounding set) and no new privileges, and
+   forwards its stdout and stderr line by line as frames on the channel (``karotte.events``
+   virtio-serial port, or the serial line named by ``karotte.channel=``), with a heartbeat every
+   second;
+3. obeys ``TERM``/``KILL`` lines on the control port (``karotte.ctl``) by signalling the command,
+   and runs the host's commands from the exec port (``karotte.exec``: a JSON request line in, a
+   JSON reply line out; see :mod:`karotte.host.vm.exec_channel`), confined the same way;
 4. reaps every orphan (it is PID 1);
 5. when the command exits: kills what is left, writes the read-write mounts (``/out``) as a tar of
    regular files onto the out drive, sends the exit code and powers off (reboot with
@@ -24,10 +28,12 @@ Frame format (one per line): ``\\x1ek<kind> <payload>\\n`` with kind ``O`` (stdo
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -43,6 +49,10 @@ CGROUP = "/sys/fs/cgroup"
 STUDENT_CGROUP_ROOT = "/run/karotte/cgroup"
 FRAME = b"\x1ek"
 RB_AUTOBOOT = 0x01234567
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+EXEC_OUTPUT_MAX = 16 << 20  # per stream; more is cut (the host asked for a command's output)
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class Channel:
@@ -203,6 +213,125 @@ def start_socket_forwards(config: dict[str, Any], log: Channel) -> None:
         threading.Thread(target=_accept, args=args, daemon=True).start()
 
 
+class Confinement:
+    """What every process the VM runs for the host gets, as in a container: the cgroup
+    ``karotte/harness``, a bounding set of only the sandbox's capabilities (so root holds just
+    those after exec), no new privileges, and its own session."""
+
+    def __init__(self, keep: list[int]) -> None:
+        try:
+            with open("/proc/sys/kernel/cap_last_cap") as handle:
+                last = int(handle.read())
+        except (OSError, ValueError):
+            last = 63
+        self.drop = [n for n in range(last + 1) if n not in keep]
+
+    def enter(self, uid: int = 0, gid: int = 0) -> None:
+        """Run in the child between fork and exec."""
+        with contextlib.suppress(OSError):
+            write(f"{CGROUP}/karotte/harness/cgroup.procs", "0")
+        for cap in self.drop:
+            LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if uid or gid:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+
+
+def resolve_user(user: str | None) -> tuple[int, int]:
+    """``None`` (root), a name, ``uid`` or ``uid:gid`` — as ``docker exec --user`` takes it."""
+    if not user:
+        return 0, 0
+    name, _, group = user.partition(":")
+    if name.isdigit():
+        uid = int(name)
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = uid
+    else:
+        entry = pwd.getpwnam(name)
+        uid, gid = entry.pw_uid, entry.pw_gid
+    if group:
+        gid = int(group)
+    return uid, gid
+
+
+def run_exec(
+    request: dict[str, Any], env: dict[str, str], confinement: Confinement
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {"id": request.get("id"), "timed_out": False}
+    try:
+        uid, gid = resolve_user(request.get("user"))
+    except (KeyError, ValueError) as exc:
+        return {**reply, "code": 126, "stdout": "", "stderr": _b64(f"unknown user: {exc}\n")}
+    try:
+        proc = subprocess.Popen(
+            request["argv"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd="/",
+            preexec_fn=lambda: confinement.enter(uid, gid),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        return {**reply, "code": code, "stdout": "", "stderr": _b64(f"{exc}\n")}
+    try:
+        out, err = proc.communicate(timeout=request.get("timeout_s"))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        reply["timed_out"] = True
+    reply.update(
+        code=proc.returncode,
+        stdout=base64.b64encode(out[:EXEC_OUTPUT_MAX]).decode(),
+        stderr=base64.b64encode(err[:EXEC_OUTPUT_MAX]).decode(),
+    )
+    return reply
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def exec_server(path: str, env: dict[str, str], confinement: Confinement) -> None:
+    """Commands from the host (``karotte.exec`` port), one at a time: a JSON line in, a JSON line
+    out. Reads return nothing while no host end is connected, hence the short sleeps."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return
+    buffer = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            buffer = b""  # a host end that left takes its half-sent request with it
+            time.sleep(0.05)
+            continue
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                request = json.loads(line)
+            except ValueError:
+                continue
+            data = json.dumps(run_exec(request, env, confinement)).encode() + b"\n"
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(fd, view) :]
+                except OSError:
+                    break  # the host end is gone: it no longer waits for this answer
+
+
 def pump(stream: IO[bytes], kind: str, channel: Channel) -> None:
     for line in iter(stream.readline, b""):
         channel.send(kind, line.rstrip(b"\n"))
@@ -302,22 +431,27 @@ def supervise(channel: Channel) -> int:
     mounts: list[dict[str, Any]] = config.get("mounts", [])
     copy_mounts(mounts)
     start_socket_forwards(config, channel)
+    confinement = Confinement(config.get("cap_keep") or [])
+    exec_port = find_port("karotte.exec")
+    if exec_port:
+        threading.Thread(
+            target=exec_server, args=(exec_port, env, confinement), daemon=True
+        ).start()
     channel.send("L", b"guest ready")
-
-    def enter_cgroup() -> None:
-        with contextlib.suppress(OSError):
-            write(f"{CGROUP}/karotte/harness/cgroup.procs", "0")
-
-    proc = subprocess.Popen(
-        config["command"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=config.get("workdir") or "/",
-        preexec_fn=enter_cgroup,
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            config["command"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=config.get("workdir") or "/",
+            preexec_fn=confinement.enter,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        channel.send("E", f"cannot run {config['command'][0]}: {exc}".encode())
+        return 127 if isinstance(exc, FileNotFoundError) else 126
     assert proc.stdout is not None and proc.stderr is not None
     pumps = [
         threading.Thread(target=pump, args=(proc.stdout, "O", channel), daemon=True),

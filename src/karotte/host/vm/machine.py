@@ -34,7 +34,9 @@ from karotte.host.runtimes.base import (
     SandboxSpec,
 )
 from karotte.host.runtimes.docker import DockerRuntime
+from karotte.host.runtimes.oci_cli import CAPABILITY_NUMBERS
 from karotte.host.vm import channel, drives, paths, sizing
+from karotte.host.vm.exec_channel import exec_in_guest
 from karotte.host.vm.kernel import GuestKernel, prepare_kernel
 from karotte.host.vm.socket_forward import GUEST_ADDRESS, SocketForward, find_socket_forwards
 from karotte.host.vm.supervisor import ExitStatus, MachineConfig
@@ -69,8 +71,23 @@ class VmLayout:
         return self.directory / "ctl.sock"
 
     @property
+    def exec_socket(self) -> Path:
+        return self.directory / "exec.sock"
+
+    @property
     def qmp_socket(self) -> Path:
         return self.directory / "qmp.sock"
+
+
+def capability_numbers(names: list[str]) -> list[int]:
+    """``cap_add`` names as the kernel's numbers (the guest keeps only these, as a container)."""
+    numbers = []
+    for name in names:
+        key = name.upper().removeprefix("CAP_")
+        if key not in CAPABILITY_NUMBERS:
+            raise KarotteError(f"unknown capability {name!r} in cap_add")
+        numbers.append(CAPABILITY_NUMBERS[key])
+    return sorted(numbers)
 
 
 def env_list_to_dict(items: list[str]) -> dict[str, str]:
@@ -85,6 +102,8 @@ class VmRuntime(Runtime, abc.ABC):
     """A runtime whose sandboxes are VMs booted from the image's root drive."""
 
     build_engine: ClassVar[str] = "docker"
+    # does the VMM carry the karotte.exec port (exec into a running VM)?
+    has_exec_channel: ClassVar[bool] = False
     kernel_cmdline: ClassVar[str] = "console=ttyS0 reboot=t panic=-1 quiet"
 
     def __init__(self) -> None:
@@ -128,6 +147,7 @@ class VmRuntime(Runtime, abc.ABC):
         directory = self.sandbox_dir(spec.name)
         if directory.exists():
             raise KarotteError(f"a VM sandbox named {spec.name} exists already ({directory})")
+        self.ensure_available()  # the VMM, the kernel and the image engine, each with its fix
         kernel = prepare_kernel()
         cache = paths.cache_dir()
         root = drives.root_drive(spec.image, cache, self.build_engine)
@@ -167,6 +187,7 @@ class VmRuntime(Runtime, abc.ABC):
                 "shm_bytes": spec.tmpfs.get("/dev/shm", 64 * sizing.MIB),
                 "hostname": spec.name[:63],
                 "heartbeat_s": 1.0,
+                "cap_keep": capability_numbers(spec.cap_add),
                 "guest_address": GUEST_ADDRESS,
                 "socket_forwards": [f.guest_config() for f in layout.socket_forwards],
             }
@@ -239,9 +260,21 @@ class VmRuntime(Runtime, abc.ABC):
         user: str | None = None,
         timeout_s: float | None = None,
     ) -> ExecResult:
-        raise KarotteError(
-            f"{self.name}: running a command in a running VM is not supported (no exec channel "
-            "into the guest); the VM runs exactly its command"
+        if not self.has_exec_channel:
+            raise KarotteError(
+                f"{self.name}: running a command in a running VM is not supported (no exec "
+                "channel into the guest); the VM runs exactly its command"
+            )
+        if self._finished(sandbox):
+            raise KarotteError(f"exec: the VM {sandbox.name} is not running")
+        directory = self.sandbox_dir(sandbox.name)
+        return exec_in_guest(
+            directory / "exec.sock",
+            directory / "exec.lock",
+            argv,
+            user,
+            timeout_s,
+            connect_within_s=self.boot_timeout_s(),
         )
 
     def stream_output(
