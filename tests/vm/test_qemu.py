@@ -245,12 +245,23 @@ def test_model_calls_go_through_the_proxy_in_qemu(
     env_dir: Path, image: str, tmp_path: Path
 ) -> None:
     """`--proxy` in a VM: the launcher's relay socket is forwarded into the guest (QEMU's
-    restricted user network), and the harness's model calls reach a local provider stub."""
+    restricted user network), and the harness's model calls reach a local provider stub. The
+    student, in a bash tool call, cannot use that network: neither the forward address nor the
+    host's gateway answers it."""
     from stubs.helpers import model_id
-    from stubs.provider_stub import ProviderStub, StubReply
+    from stubs.provider_stub import ProviderStub, StubReply, StubToolCall
 
+    from karotte.host.vm.socket_forward import FIRST_PORT, FORWARD_ADDRESS
+
+    probe = (
+        f"for t in {FORWARD_ADDRESS}/{FIRST_PORT} 10.0.2.2/22 10.0.2.2/80; do "
+        '(timeout 5 bash -c "echo > /dev/tcp/$t" 2>/dev/null && echo "reached $t") '
+        '|| echo "blocked $t"; done'
+    )
+    call = StubToolCall("call_net", "bash", json.dumps({"command": probe}))
     out = tmp_path / "out"
-    with ProviderStub([StubReply(text="The sum is 52.\n\nSUM: 52")]) as stub:
+    with ProviderStub([StubReply(text="Checking the network.", tool_calls=[call])]) as stub:
+        stub.default = StubReply(text="The sum is 52.\n\nSUM: 52")
         proc = subprocess.run(
             [KAROTTE, "run", "--task", "example-task", "--model", model_id("anthropic"),
              "--model-api-key", "sk-test", "--out", str(out), "--no-ui", "--runtime", "qemu",
@@ -263,6 +274,13 @@ def test_model_calls_go_through_the_proxy_in_qemu(
     assert paths and all(p.startswith("/v1/messages") for p in paths), paths
     assert transcript["events"][-1]["scores"][0] == 1.0  # step 1 answered through the proxy
     assert transcript["events"][0]["sandbox"] == "qemu"
+    result = next(
+        e
+        for e in transcript["events"]
+        if e["type"] == "tool_call_completed" and "blocked" in str(e)
+    )
+    assert "reached" not in str(result), result
+    assert str(result).count("blocked") == 3, result
 
 
 def test_hung_guest_is_killed_by_the_watchdog(env_dir: Path, image: str, tmp_path: Path) -> None:
