@@ -7,7 +7,8 @@
 #
 # What it does (see docs/runtimes-setup.md for the why):
 #   1. apt-get installs docker.io podman crun runc catatonit uidmap runsc mmdebstrap nftables (+ helpers)
-#      when any of them is missing;
+#      when any of them is missing; on Debian 12, runsc from bookworm-backports (bookworm's own
+#      2022-12 build fails statx with EINVAL, so `ls -l` and `stat` fail in every gVisor sandbox);
 #   2. podman: default_ulimits in /etc/containers/containers.conf (root may lack CAP_SYS_RESOURCE);
 #   3. crun on cgroup-v1 "hybrid" hosts: mounts the v1 hugetlb hierarchy crun insists on;
 #   4. docker: registers gVisor's runsc runtime (--network=none --host-uds=open) in
@@ -54,6 +55,28 @@ install_packages() {
     apt-get update -q
     # shellcheck disable=SC2086
     apt-get install -y -q --no-install-recommends $missing
+}
+
+# runsc 0.0~20221219 (bookworm) rejects statx's AT_NO_AUTOMOUNT flag with EINVAL: coreutils' ls -l and
+# stat fail inside every gVisor sandbox, for root and the student alike (an honest student's
+# `ls -l` errors). bookworm-backports carries a 2024 build without the bug; only runsc is taken from
+# there (backports have priority 100: nothing else is upgraded from them).
+RUNSC_BACKPORT_LIST=/etc/apt/sources.list.d/karotte-bookworm-backports.list
+install_runsc_backport() {
+    codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+    [ "$codename" = "bookworm" ] || return 0
+    current=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+    case "$current" in
+        0.0~2022*|"") ;;
+        *) say "runsc: $current"; return 0 ;;
+    esac
+    say "runsc: $current has the statx bug; installing runsc from bookworm-backports"
+    mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)\/* *$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n 1)
+    [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+    echo "deb $mirror bookworm-backports main" >"$RUNSC_BACKPORT_LIST"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends -t bookworm-backports runsc
 }
 
 # --- 2. podman rlimits -------------------------------------------------------------------------
@@ -228,6 +251,7 @@ start_docker() {
 
 if [ "${KAROTTE_SKIP_APT:-0}" != "1" ]; then
     install_packages
+    install_runsc_backport
 fi
 command -v python3 >/dev/null || die "python3 is needed to merge /etc/docker/daemon.json (apt-get install python3)"
 configure_podman

@@ -181,6 +181,14 @@ def test_capabilities_dropped_except_added(
         assert nnp.split()[1] == "1"
 
 
+def test_coreutils_see_file_metadata(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
+    """`ls -l` as the student works (gVisor 2022-12 failed every statx of coreutils: EINVAL)."""
+    sandbox = runtime.start(spec(["sleep", "60"]))
+    result = runtime.exec(sandbox, ["ls", "-ld", "/etc"], user="1000:1000")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"d")
+
+
 def test_network_none_has_only_loopback(runtime: Runtime, cleanup: str, spec: SpecFactory) -> None:
     sandbox = runtime.start(spec(["cat", "/proc/net/dev"]))
     text = b"".join(runtime.stream_output(sandbox)).decode()
