@@ -159,6 +159,37 @@ def test_watchdog_kills_when_no_kernel_limit(student: StudentIdentity, monkeypat
         applied.close()
 
 
+def test_a_memory_cgroup_that_does_not_enforce_is_left_to_the_watchdog(
+    student: StudentIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under gVisor the memory controller stores limits without enforcing them (a 256 MiB hog
+    survived a 64 MiB limit there): its limit must go to the watchdog, which really kills."""
+    from karotte.sandbox.confinement import cgroups
+
+    monkeypatch.setenv("KAROTTE_SANDBOX", "gvisor")
+    assert cgroups.running_under_gvisor()
+    assert "memory" in cgroups.unenforced_controllers()
+    applied = apply_limits(
+        student, LimitsOptions(memory_bytes=64 * MIB, pids=64, watchdog_interval_s=0.1)
+    )
+    try:
+        assert applied.report.memory.mechanism.startswith("watchdog"), applied.report.memory
+        assert "gVisor" in (applied.report.memory.detail or "")
+        assert "memory" in applied.report.watchdog
+        hog = spawn_student(
+            student,
+            f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(len(b)//4096); "
+            'import time; time.sleep(60)"',
+        )
+        assert wait_until(lambda: hog.poll() is not None, 20), "watchdog did not kill the hog"
+        assert hog.returncode == -9
+    finally:
+        applied.close()
+    monkeypatch.delenv("KAROTTE_SANDBOX")
+    if not Path("/proc/version").read_text().startswith(cgroups.GVISOR_PROC_VERSION):
+        assert cgroups.unenforced_controllers() == {}
+
+
 def test_processes_outside_the_student_are_untouched(student: StudentIdentity) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:

@@ -20,7 +20,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from karotte.sandbox.confinement.cgroups import CGROUP_MOUNT, StudentCgroup, open_student_cgroup
+from karotte.sandbox.confinement.cgroups import (
+    CGROUP_MOUNT,
+    StudentCgroup,
+    open_student_cgroup,
+    unenforced_controllers,
+)
 from karotte.sandbox.confinement.demote import Identity
 from karotte.sandbox.confinement.processes import kill_student_processes, processes_of_uid
 
@@ -233,7 +238,8 @@ def apply_limits(identity: Identity, options: LimitsOptions | None = None) -> Ap
     memory = options.memory_bytes or student_memory_bytes()
     name = options.cgroup_name or f"{identity.uid}-{os.getpid()}"
     cgroup, source = open_student_cgroup(name)
-    controllers = cgroup.controllers() if cgroup else set()
+    unenforced = unenforced_controllers()
+    controllers = (cgroup.controllers() - set(unenforced)) if cgroup else set()
     kind = f"cgroup {cgroup.version}" if cgroup else None
 
     def enforce(
@@ -276,6 +282,8 @@ def apply_limits(identity: Identity, options: LimitsOptions | None = None) -> Ap
     if mem is None or mem.mechanism == "none":
         mem = fallback(memory, "memory", None)
         mem.detail = "RSS only: tmpfs files and SysV shm are not counted without a cgroup"
+        if "memory" in unenforced:
+            mem.detail = f"{unenforced['memory']}; {mem.detail}"
     if pids is None or pids.mechanism == "none":
         pids = fallback(options.pids, "pids", "RLIMIT_NPROC (per uid)")
     else:
