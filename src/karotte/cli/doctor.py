@@ -60,7 +60,7 @@ def runtime_report() -> list[dict[str, Any]]:
             "runtime": name,
             "works": works,
             "reason": reason,
-            "fix": "" if works else fix,
+            "fix": fix,  # a working runtime may carry a warning and its fix
             "sandbox_kind": runtime.sandbox_kind,
             "isolation": level,
             "isolation_strength": strength,
@@ -128,7 +128,7 @@ def _print(report: dict[str, Any]) -> None:
         )
         if row["reason"] and not row.get("pieces"):
             console.print(f"  {escape(row['reason'])}")
-        if not row["works"] and row["fix"] and not row.get("pieces"):
+        if row["fix"] and not row.get("pieces"):
             console.print(f"  [bold]fix:[/] {escape(row['fix'])}")
         for piece in row.get("pieces", []):
             mark = "[green]ok[/]     " if piece["ok"] else "[red]missing[/]"

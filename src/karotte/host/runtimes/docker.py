@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import ClassVar
 
@@ -89,7 +90,34 @@ class GVisorRuntime(DockerRuntime):
                 reason="the Docker engine has no `runsc` runtime registered",
                 fix=self.gvisor_fix(),
             )
-        return Availability(ok=True)
+        entry = runtimes.get("runsc") or {}
+        return runsc_build_warning(str(entry.get("path") or "runsc")) or Availability(ok=True)
+
+
+# runsc builds up to this date reject statx's AT_NO_AUTOMOUNT with EINVAL (seen with Debian 12's
+# 0.0~20221219): coreutils' `ls -l` and `stat` fail in every sandbox; 0.0~20240729 works.
+RUNSC_STATX_BUG_UNTIL = 20221219
+_RUNSC_DATE = re.compile(r"runsc version (?:0\.0~|release-)?(\d{8})")
+
+
+def runsc_build_warning(runsc: str) -> Availability | None:
+    """Usable, but with a warning, when runsc is a build known to break ``ls -l``."""
+    try:
+        proc = subprocess.run(
+            [runsc, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = _RUNSC_DATE.search(proc.stdout)
+    if match is None or int(match.group(1)) > RUNSC_STATX_BUG_UNTIL:
+        return None
+    return Availability(
+        ok=True,
+        reason=f"warning: runsc {match.group(1)} fails statx with EINVAL, so `ls -l` and `stat` "
+        "fail inside every sandbox (an honest student's tools break)",
+        fix="sudo scripts/setup-engines.sh (on Debian 12 it installs runsc from "
+        "bookworm-backports: apt-get install -t bookworm-backports runsc)",
+    )
 
 
 register_runtime("docker")(DockerRuntime)
