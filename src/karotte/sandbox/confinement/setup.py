@@ -35,7 +35,8 @@ GIB = 1 << 30
 QUOTA_IMAGE_DIR = Path("/var/lib/karotte/disk")  # root-only, on the sandbox's root filesystem
 HARNESS_PIDS_RESERVE = 256  # processes kept for the harness below the sandbox's own pids limit
 # Under gVisor (ptrace platform) one student process costs ~8.4 host tasks in the sandbox's pids
-# cgroup (measured: 100 sleeping processes added ~837); divide by 10 to stay below it.
+# cgroup (measured: 100 sleeping processes added ~837; runsc 2024's systrap: ~222); divide by 10
+# to stay below it whichever platform runs.
 GVISOR_HOST_TASKS_PER_PROCESS = 10
 
 
