@@ -24,6 +24,8 @@ from karotte.host.runtimes.base import LABEL_RUN_ID, Mount, SandboxSpec
 from karotte.host.runtimes.qemu import QemuRuntime, boot_to_marker, kvm_probe, qmp
 from karotte.host.vm.kernel import prepare_kernel
 
+from .unix_echo import serve_unix_echo
+
 # TCG: an example-task run takes ~100 s, and the first test also builds the image
 pytestmark = [
     pytest.mark.slow,
@@ -165,27 +167,10 @@ def test_relay_sockets_are_forwarded_and_nothing_else_is_reachable(
     """The launcher's relays (model proxy, backend) are unix sockets in a mounted directory: in a
     VM they are forwarded through QEMU's restricted user network, which reaches nothing else."""
     import socket
-    import threading
 
     relay = tmp_path / "relay"
     relay.mkdir(mode=0o700)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(relay / "proxy.sock"))
-    server.listen(8)
-
-    def answer() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while chunk := conn.recv(4096):
-                    data += chunk
-                conn.sendall(b"host-saw-" + data)
-
-    threading.Thread(target=answer, daemon=True).start()
+    server = serve_unix_echo(relay / "proxy.sock", b"host-saw-")
     host_service = socket.create_server(("0.0.0.0", 0))  # a host port the guest must not reach
     port = host_service.getsockname()[1]
     spec = SandboxSpec(

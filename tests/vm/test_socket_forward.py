@@ -8,7 +8,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,8 @@ from karotte.host.vm.socket_forward import (
     refuse_socket_forwards,
 )
 
+from .unix_echo import serve_unix_echo
+
 
 @pytest.fixture
 def echo_socket(tmp_path: Path) -> Iterator[Path]:
@@ -32,23 +33,7 @@ def echo_socket(tmp_path: Path) -> Iterator[Path]:
     relay = tmp_path / "relay"
     relay.mkdir(mode=0o700)
     path = relay / "proxy.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-
-    def answer() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while chunk := conn.recv(4096):
-                    data += chunk
-                conn.sendall(b"echo:" + data)
-
-    threading.Thread(target=answer, daemon=True).start()
+    server = serve_unix_echo(path, b"echo:")
     yield path
     server.close()
 
