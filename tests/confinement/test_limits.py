@@ -137,6 +137,17 @@ def test_rlimits_and_oom_score_adj_reach_the_student(
     assert int(lines[3]) > 0
 
 
+def _assert_watchdog_kills_a_200_mib_hog(student: StudentIdentity) -> None:
+    """A student process holding 200 MiB of touched memory, then sleeping: SIGKILLed in time."""
+    hog = spawn_student(
+        student,
+        f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(len(b)//4096); "
+        'import time; time.sleep(60)"',
+    )
+    assert wait_until(lambda: hog.poll() is not None, 20), "watchdog did not kill the hog"
+    assert hog.returncode == -9
+
+
 def test_watchdog_kills_when_no_kernel_limit(student: StudentIdentity, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # simulate a sandbox without any writable cgroup: the watchdog must take over
     import karotte.sandbox.confinement.limits as limits_module
@@ -147,13 +158,7 @@ def test_watchdog_kills_when_no_kernel_limit(student: StudentIdentity, monkeypat
     )
     try:
         assert "watchdog" in applied.report.memory.mechanism
-        hog = spawn_student(
-            student,
-            f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(len(b)//4096); "
-            'import time; time.sleep(60)"',
-        )
-        assert wait_until(lambda: hog.poll() is not None, 20), "watchdog did not kill the hog"
-        assert hog.returncode == -9
+        _assert_watchdog_kills_a_200_mib_hog(student)
         assert any("resident memory" in k for k in applied.watchdog_kills())
     finally:
         applied.close()
@@ -176,13 +181,7 @@ def test_a_memory_cgroup_that_does_not_enforce_is_left_to_the_watchdog(
         assert applied.report.memory.mechanism.startswith("watchdog"), applied.report.memory
         assert "gVisor" in (applied.report.memory.detail or "")
         assert "memory" in applied.report.watchdog
-        hog = spawn_student(
-            student,
-            f"{STUDENT_PY} -S -c \"b=bytearray(200 << 20); b[::4096]=b'x'*(len(b)//4096); "
-            'import time; time.sleep(60)"',
-        )
-        assert wait_until(lambda: hog.poll() is not None, 20), "watchdog did not kill the hog"
-        assert hog.returncode == -9
+        _assert_watchdog_kills_a_200_mib_hog(student)
     finally:
         applied.close()
     monkeypatch.delenv("KAROTTE_SANDBOX")
