@@ -62,7 +62,6 @@ from karotte.host.runtimes.base import (
 )
 from karotte.host.runtimes.docker import DockerRuntime
 from karotte.host.vm.machine import VmLayout, VmRuntime
-from karotte.host.vm.socket_forward import refuse_socket_forwards
 
 GIB = 1 << 30
 GUEST_KERNEL_OVERHEAD_BYTES = GIB  # the guest kernel + init get 1 GiB on top of the sandbox
@@ -188,7 +187,6 @@ class FirecrackerGuests(VmRuntime):
         return cls.vm_id_of(layout.directory)
 
     def vmm_argv(self, layout: VmLayout) -> list[str]:
-        refuse_socket_forwards(self.name, list(layout.socket_forwards))
         firecracker = find_binary("firecracker")
         kernel = find_kernel()
         if sha256_file(layout.kernel.vmlinux) != kernel.sha256:

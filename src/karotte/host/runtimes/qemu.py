@@ -135,6 +135,7 @@ class QemuRuntime(VmRuntime):
     name: ClassVar[str] = "qemu"
     sandbox_kind: ClassVar[str] = "qemu"
     has_exec_channel: ClassVar[bool] = True
+    forwards_sockets: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -238,6 +238,21 @@ class Confinement:
             os.setgid(gid)
             os.setuid(uid)
 
+    def spawn(
+        self, argv: list[str], env: dict[str, str], cwd: str, uid: int = 0, gid: int = 0
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` confined, in its own session, stdin empty, stdout/stderr piped."""
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            preexec_fn=lambda: self.enter(uid, gid),
+            start_new_session=True,
+        )
+
 
 def resolve_user(user: str | None) -> tuple[int, int]:
     """``None`` (root), a name, ``uid`` or ``uid:gid`` — as ``docker exec --user`` takes it."""
@@ -267,16 +282,7 @@ def run_exec(
     except (KeyError, ValueError) as exc:
         return {**reply, "code": 126, "stdout": "", "stderr": _b64(f"unknown user: {exc}\n")}
     try:
-        proc = subprocess.Popen(
-            request["argv"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd="/",
-            preexec_fn=lambda: confinement.enter(uid, gid),
-            start_new_session=True,
-        )
+        proc = confinement.spawn(request["argv"], env, "/", uid, gid)
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         return {**reply, "code": code, "stdout": "", "stderr": _b64(f"{exc}\n")}
@@ -439,16 +445,7 @@ def supervise(channel: Channel) -> int:
         ).start()
     channel.send("L", b"guest ready")
     try:
-        proc = subprocess.Popen(
-            config["command"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=config.get("workdir") or "/",
-            preexec_fn=confinement.enter,
-            start_new_session=True,
-        )
+        proc = confinement.spawn(config["command"], env, config.get("workdir") or "/")
     except OSError as exc:
         channel.send("E", f"cannot run {config['command'][0]}: {exc}".encode())
         return 127 if isinstance(exc, FileNotFoundError) else 126

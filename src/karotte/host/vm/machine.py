@@ -38,7 +38,12 @@ from karotte.host.runtimes.oci_cli import CAPABILITY_NUMBERS
 from karotte.host.vm import channel, drives, paths, sizing
 from karotte.host.vm.exec_channel import exec_in_guest
 from karotte.host.vm.kernel import GuestKernel, prepare_kernel
-from karotte.host.vm.socket_forward import GUEST_ADDRESS, SocketForward, find_socket_forwards
+from karotte.host.vm.socket_forward import (
+    GUEST_ADDRESS,
+    SocketForward,
+    find_socket_forwards,
+    refuse_socket_forwards,
+)
 from karotte.host.vm.supervisor import ExitStatus, MachineConfig
 
 CONSOLE_TAIL_LINES = 30
@@ -104,6 +109,8 @@ class VmRuntime(Runtime, abc.ABC):
     build_engine: ClassVar[str] = "docker"
     # does the VMM carry the karotte.exec port (exec into a running VM)?
     has_exec_channel: ClassVar[bool] = False
+    # can the VMM forward the host's unix sockets (the launcher's relays) into the guest?
+    forwards_sockets: ClassVar[bool] = False
     kernel_cmdline: ClassVar[str] = "console=ttyS0 reboot=t panic=-1 quiet"
 
     def __init__(self) -> None:
@@ -148,6 +155,9 @@ class VmRuntime(Runtime, abc.ABC):
         if directory.exists():
             raise KarotteError(f"a VM sandbox named {spec.name} exists already ({directory})")
         self.ensure_available()  # the VMM, the kernel and the image engine, each with its fix
+        forwards = tuple(find_socket_forwards(spec.mounts))
+        if not self.forwards_sockets:
+            refuse_socket_forwards(self.name, list(forwards))
         kernel = prepare_kernel()
         cache = paths.cache_dir()
         root = drives.root_drive(spec.image, cache, self.build_engine)
@@ -170,7 +180,7 @@ class VmRuntime(Runtime, abc.ABC):
                 out=directory / "out.raw",
                 memory_mib=sizing.guest_memory_mib(spec.memory_bytes),
                 vcpus=sizing.guest_vcpus(spec.cpus),
-                socket_forwards=tuple(find_socket_forwards(spec.mounts)),
+                socket_forwards=forwards,
             )
             drives.scratch_drive(layout.scratch, disk)
             drives.out_drive(layout.out, disk)
